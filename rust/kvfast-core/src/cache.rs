@@ -1,0 +1,295 @@
+//! Walking the KV CACHE blocks of a state (section 2 of the format doc), rows skipped.
+
+use crate::cursor::Cursor;
+use crate::error::{Error, Result};
+use crate::layout::{Cache, Layer, Record, Stream};
+use crate::types::{type_list, GgmlType};
+
+/// llama.cpp's LLAMA_MAX_SEQ: bounds n_stream, n_seq_id and sequence ids.
+pub const MAX_SEQ: u32 = 256;
+/// More layers than any model has; bounds n_layer.
+pub const MAX_LAYERS: u32 = 4096;
+/// More values per row than any model has.
+pub const MAX_EMBD: u64 = 1 << 24;
+/// More caches than any memory writes.
+pub const MAX_CACHES: usize = 8;
+
+/// One way of reading a KV cache's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    /// The cache starts with u32 n_stream (builds from mid-2025 on).
+    pub n_stream: bool,
+    /// Bytes of the cell extension (0, 8 or 12).
+    pub ext_bytes: u8,
+}
+
+impl Reading {
+    pub fn describe(&self) -> String {
+        format!(
+            "{}, {}",
+            if self.n_stream { "caches with n_stream" } else { "caches without n_stream" },
+            match self.ext_bytes {
+                0 => "no cell extension".to_string(),
+                n => format!("{n}-byte cell extension"),
+            }
+        )
+    }
+}
+
+/// Parse every KV cache from `start` to the end of `buf`.
+pub fn parse_caches(buf: &[u8], start: usize, reading: Reading) -> Result<Vec<Cache>> {
+    let mut caches = Vec::new();
+    parse_from(buf, start, reading, &mut caches)?;
+    Ok(caches)
+}
+
+fn parse_from(buf: &[u8], start: usize, reading: Reading, out: &mut Vec<Cache>) -> Result<()> {
+    if out.len() == MAX_CACHES {
+        return Err(Error::format(
+            "end of the state",
+            start,
+            format!("at most {MAX_CACHES} KV caches, then the end of the bytes"),
+            format!("{} more bytes", buf.len() - start),
+        ));
+    }
+    // Caches without V records (MLA) are only tried when the full reading fails; the full
+    // reading's error is the one reported.
+    let mut first: Option<Error> = None;
+    for with_v in [true, false] {
+        let attempt = parse_cache(&mut Cursor::new(buf, start), reading, with_v, out.len());
+        let res = attempt.and_then(|(cache, end)| {
+            let n = out.len();
+            out.push(cache);
+            let r = if end == buf.len() { Ok(()) } else { parse_from(buf, end, reading, out) };
+            if r.is_err() {
+                out.truncate(n);
+            }
+            r
+        });
+        match res {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    Err(first.expect("two attempts were made"))
+}
+
+/// Of two errors, the one further into the bytes (the more informative one).
+pub fn furthest(a: Option<Error>, b: Error) -> Error {
+    match a {
+        Some(a) if a.offset().unwrap_or(0) >= b.offset().unwrap_or(0) => a,
+        _ => b,
+    }
+}
+
+fn parse_cache(cur: &mut Cursor, reading: Reading, with_v: bool, ci: usize) -> Result<(Cache, usize)> {
+    let offset = cur.pos();
+    let n_stream = if reading.n_stream {
+        let n = cur.u32(&format!("cache {ci} n_stream"))?;
+        if n == 0 || n > MAX_SEQ {
+            return Err(Error::format(format!("cache {ci} n_stream"), offset, format!("1 to {MAX_SEQ}"), n));
+        }
+        n
+    } else {
+        1
+    };
+    let mut streams = Vec::with_capacity(n_stream as usize);
+    for s in 0..n_stream {
+        streams.push(parse_stream(cur, reading, with_v, ci, s)?);
+    }
+    Ok((Cache { offset: offset as u64, has_n_stream: reading.n_stream, streams }, cur.pos()))
+}
+
+fn parse_stream(cur: &mut Cursor, reading: Reading, with_v: bool, ci: usize, s: u32) -> Result<Stream> {
+    let at = format!("cache {ci} stream {s}");
+    let offset = cur.pos();
+    let cell_count = cur.u32(&format!("{at} cell_count"))?;
+    let mut stream = Stream {
+        index: s,
+        offset: offset as u64,
+        cell_count,
+        meta_offset: cur.pos() as u64,
+        meta_len: 0,
+        pos: Vec::new(),
+        seq_start: Vec::new(),
+        seq_ids: Vec::new(),
+        ext: None,
+        ext_width: reading.ext_bytes as usize / 4,
+        layer_header_offset: cur.pos() as u64,
+        v_trans: false,
+        layers: Vec::new(),
+    };
+    if cell_count == 0 {
+        return Ok(stream);
+    }
+    // Every cell takes at least this much: check before allocating by the count.
+    let min_cell = 8 + reading.ext_bytes as u64;
+    let needed = cell_count as u64 * min_cell;
+    if needed > cur.remaining() as u64 {
+        return Err(Error::Truncated {
+            field: format!("{at} cell meta ({cell_count} cells)"),
+            offset: cur.pos() as u64,
+            needed,
+            available: cur.remaining() as u64,
+        });
+    }
+    parse_cells(cur, &at, &mut stream)?;
+    stream.meta_len = cur.pos() as u64 - stream.meta_offset;
+    stream.layer_header_offset = cur.pos() as u64;
+    let vt_off = cur.pos();
+    let v_trans = cur.u32(&format!("{at} v_trans"))?;
+    if v_trans > 1 {
+        return Err(Error::format(format!("{at} v_trans"), vt_off, "0 or 1", v_trans));
+    }
+    stream.v_trans = v_trans == 1;
+    let nl_off = cur.pos();
+    let n_layer = cur.u32(&format!("{at} n_layer"))?;
+    if n_layer == 0 || n_layer > MAX_LAYERS {
+        return Err(Error::format(format!("{at} n_layer"), nl_off, format!("1 to {MAX_LAYERS}"), n_layer));
+    }
+    if n_layer as u64 * 12 > cur.remaining() as u64 {
+        return Err(Error::Truncated {
+            field: format!("{at} K records ({n_layer} layers)"),
+            offset: cur.pos() as u64,
+            needed: n_layer as u64 * 12,
+            available: cur.remaining() as u64,
+        });
+    }
+    let mut ks = Vec::with_capacity(n_layer as usize);
+    for l in 0..n_layer {
+        ks.push(row_record(cur, &format!("{at} layer {l} k"), cell_count)?);
+    }
+    let mut vs: Vec<Option<Record>> = vec![None; n_layer as usize];
+    if with_v {
+        for (l, v) in vs.iter_mut().enumerate() {
+            let field = format!("{at} layer {l} v");
+            *v = Some(if stream.v_trans {
+                trans_record(cur, &field, cell_count)?
+            } else {
+                row_record(cur, &field, cell_count)?
+            });
+        }
+    }
+    stream.layers = ks.into_iter().zip(vs).map(|(k, v)| Layer { k, v }).collect();
+    Ok(stream)
+}
+
+fn parse_cells(cur: &mut Cursor, at: &str, stream: &mut Stream) -> Result<()> {
+    let n = stream.cell_count as usize;
+    stream.pos.reserve_exact(n);
+    stream.seq_start.reserve_exact(n + 1);
+    stream.seq_start.push(0);
+    stream.seq_ids.reserve(n);
+    let width = stream.ext_width;
+    let mut ext = if width > 0 { Some(Vec::with_capacity(n * width)) } else { None };
+    for i in 0..n {
+        let off = cur.pos();
+        let pos = cur.i32(&format!("{at} cell {i} pos"))?;
+        if pos < 0 {
+            return Err(Error::format(format!("{at} cell {i} pos"), off, "a position >= 0", pos));
+        }
+        let off = cur.pos();
+        let n_seq = cur.u32(&format!("{at} cell {i} n_seq_id"))?;
+        // Sequence states of builds before mid-2025 write 0 here: the cell is the state's sequence.
+        if n_seq > MAX_SEQ {
+            return Err(Error::format(format!("{at} cell {i} n_seq_id"), off, format!("0 to {MAX_SEQ}"), n_seq));
+        }
+        if let Some(ext) = ext.as_mut() {
+            for _ in 0..width {
+                ext.push(cur.i32(&format!("{at} cell {i} extension"))?);
+            }
+        }
+        for _ in 0..n_seq {
+            let off = cur.pos();
+            let id = cur.i32(&format!("{at} cell {i} seq_id"))?;
+            if id < 0 || id as u32 >= MAX_SEQ {
+                return Err(Error::format(format!("{at} cell {i} seq_id"), off, format!("0 to {}", MAX_SEQ - 1), id));
+            }
+            stream.seq_ids.push(id);
+        }
+        stream.pos.push(pos);
+        stream.seq_start.push(stream.seq_ids.len() as u32);
+    }
+    stream.ext = ext;
+    Ok(())
+}
+
+fn read_type(cur: &mut Cursor, field: &str) -> Result<GgmlType> {
+    let off = cur.pos();
+    let id = cur.i32(&format!("{field} type"))?;
+    GgmlType::from_id(id).ok_or_else(|| {
+        Error::format(format!("{field} type"), off, format!("a cache type id: {}", type_list()), id)
+    })
+}
+
+fn rows(cur: &mut Cursor, field: &str, row_bytes: u64, cells: u32) -> Result<(u64, u64)> {
+    let len = row_bytes.checked_mul(cells as u64).unwrap_or(u64::MAX);
+    let off = cur.skip(len, &format!("{field} rows ({cells} cells x {row_bytes} bytes)"))?;
+    Ok((off as u64, len))
+}
+
+fn row_record(cur: &mut Cursor, field: &str, cells: u32) -> Result<Record> {
+    let header_offset = cur.pos();
+    let ty = read_type(cur, field)?;
+    let rb_off = cur.pos();
+    let row_bytes = cur.u64(&format!("{field} row_bytes"))?;
+    let n_embd = match ty.values_in(row_bytes) {
+        Some(n) if n > 0 && n <= MAX_EMBD => n,
+        _ => {
+            return Err(Error::format(
+                format!("{field} row_bytes"),
+                rb_off,
+                format!("a positive multiple of {} ({} block) for at most {MAX_EMBD} values", ty.block_bytes(), ty),
+                row_bytes,
+            ))
+        }
+    };
+    let (data_offset, data_len) = rows(cur, field, row_bytes, cells)?;
+    Ok(Record {
+        ty,
+        n_embd,
+        row_bytes,
+        header_offset: header_offset as u64,
+        header_len: 12,
+        data_offset,
+        data_len,
+        transposed: false,
+    })
+}
+
+fn trans_record(cur: &mut Cursor, field: &str, cells: u32) -> Result<Record> {
+    let header_offset = cur.pos();
+    let ty = read_type(cur, field)?;
+    if !ty.is_float() {
+        return Err(Error::format(
+            format!("{field} type"),
+            header_offset,
+            "f32, f16 or bf16 (only plain float V can be transposed)",
+            ty,
+        ));
+    }
+    let el_off = cur.pos();
+    let el = cur.u32(&format!("{field} el_bytes"))?;
+    if el as usize != ty.block_bytes() {
+        return Err(Error::format(format!("{field} el_bytes"), el_off, format!("{} for {ty}", ty.block_bytes()), el));
+    }
+    let n_off = cur.pos();
+    let n_embd = cur.u32(&format!("{field} n_embd_v_gqa"))? as u64;
+    if n_embd == 0 || n_embd > MAX_EMBD {
+        return Err(Error::format(format!("{field} n_embd_v_gqa"), n_off, format!("1 to {MAX_EMBD}"), n_embd));
+    }
+    let row_bytes = n_embd * el as u64;
+    let (data_offset, data_len) = rows(cur, field, row_bytes, cells)?;
+    Ok(Record {
+        ty,
+        n_embd,
+        row_bytes,
+        header_offset: header_offset as u64,
+        header_len: 12,
+        data_offset,
+        data_len,
+        transposed: true,
+    })
+}

@@ -1,0 +1,249 @@
+//! Telling the containers apart and walking a whole state (section 1 of the format doc).
+
+use crate::cache::{furthest, parse_caches, Reading, MAX_SEQ};
+use crate::cursor::Cursor;
+use crate::error::{Error, Result};
+use crate::layout::{Cache, Container, Layout, Outputs, Region};
+
+pub const GGSQ_MAGIC: u32 = 0x6767_7371;
+pub const GGSN_MAGIC: u32 = 0x6767_736E;
+pub const IO_MAGIC: u32 = 0xAF14_3CD8;
+const GGUF_MAGIC: u32 = 0x4655_4747;
+const MAX_ARCH_LEN: u32 = 64;
+
+/// Options a caller may give the walk.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WalkOptions {
+    /// Whether cells carry an extension; None: infer it from the bytes.
+    pub cell_ext: Option<bool>,
+}
+
+/// The part of a state before its first KV cache.
+#[derive(Clone)]
+struct Prefix {
+    container: Container,
+    version: Option<u32>,
+    seq_id: Option<i32>,
+    arch: Option<String>,
+    tokens: Option<Vec<i32>>,
+    outputs: Option<Outputs>,
+    regions: Vec<Region>,
+    features: Vec<&'static str>,
+    memory: usize,
+}
+
+fn region(offset: usize, nbytes: usize, what: &'static str, role: &'static str) -> Region {
+    Region {
+        offset: offset as u64,
+        nbytes: nbytes as u64,
+        what,
+        role,
+        cache: None,
+        stream: None,
+        kind: None,
+        layer: None,
+        ty: None,
+    }
+}
+
+/// Walk the whole state in `buf`: containers, caches, cells, records; no row is read.
+pub fn walk(buf: &[u8], opts: WalkOptions) -> Result<Layout> {
+    let mut cur = Cursor::new(buf, 0);
+    let magic = cur.u32("magic or first field")?;
+    // (prefix parser, readings allowed) candidates; each one is tried in full.
+    let mut candidates: Vec<(Prefix, Vec<Reading>)> = Vec::new();
+    let new = Reading { n_stream: true, ext_bytes: 12 };
+    let old = [Reading { n_stream: true, ext_bytes: 8 }, Reading { n_stream: false, ext_bytes: 8 }];
+    match magic {
+        GGSQ_MAGIC | GGSN_MAGIC => {
+            let ggsq = magic == GGSQ_MAGIC;
+            let (name, supported) = if ggsq { ("GGSQ", "2 and 3") } else { ("GGSN", "9 and 10") };
+            let version = cur.u32("version")?;
+            let modern = match (ggsq, version) {
+                (true, 3) | (false, 10) => true,
+                (true, 2) | (false, 9) => false,
+                _ => return Err(Error::UnsupportedVersion { container: name, offset: 4, version, supported }),
+            };
+            let n_off = cur.pos();
+            let n_token = cur.u32("n_token")?;
+            let tokens = cur.i32_array(n_token as u64, &format!("tokens ({n_token} token ids)"))?;
+            let mut regions = vec![region(0, n_off + 4, "container header", "meta")];
+            regions.push(region(n_off + 4, tokens.len() * 4, "tokens", "meta"));
+            let mut p = Prefix {
+                container: if ggsq { Container::Ggsq } else { Container::Ggsn },
+                version: Some(version),
+                seq_id: None,
+                arch: None,
+                tokens: Some(tokens),
+                outputs: None,
+                regions,
+                features: vec![],
+                memory: cur.pos(),
+            };
+            if !ggsq {
+                p = state_prefix(cur, p, !modern)?;
+            }
+            candidates.push((p, if modern { vec![new] } else { old.to_vec() }));
+        }
+        IO_MAGIC => {
+            let off = cur.pos();
+            let seq_id = cur.i32("seq_id")?;
+            if seq_id < 0 || seq_id as u32 >= MAX_SEQ {
+                return Err(Error::format("seq_id", off, format!("0 to {}", MAX_SEQ - 1), seq_id));
+            }
+            let p = Prefix {
+                container: Container::RawSeq,
+                version: None,
+                seq_id: Some(seq_id),
+                arch: None,
+                tokens: None,
+                outputs: None,
+                regions: vec![region(0, 8, "io header", "meta")],
+                features: vec!["io magic"],
+                memory: 8,
+            };
+            candidates.push((p, vec![new]));
+        }
+        GGUF_MAGIC => {
+            return Err(Error::format(
+                "magic",
+                0,
+                "a llama.cpp state (GGSQ, GGSN, io magic or raw state bytes)",
+                "GGUF: a model file, not a state",
+            ))
+        }
+        _ => {
+            // No magic: a raw whole-context state (arch first) or raw sequence bytes of an
+            // older build. Every reading is tried; exactly one must consume the bytes.
+            let cur0 = Cursor::new(buf, 0);
+            let raw = |container| Prefix {
+                container,
+                version: None,
+                seq_id: None,
+                arch: None,
+                tokens: None,
+                outputs: None,
+                regions: vec![],
+                features: vec![],
+                memory: 0,
+            };
+            let mut errors: Option<Error> = None;
+            for (with_outputs, readings) in [(false, vec![new]), (true, old.to_vec())] {
+                match state_prefix(cur0, raw(Container::RawState), with_outputs) {
+                    Ok(p) => candidates.push((p, readings)),
+                    Err(e) => errors = Some(furthest(errors, e)),
+                }
+            }
+            let mut p = raw(Container::RawSeq);
+            p.features.push("no io magic");
+            candidates.push((p, old.to_vec()));
+            return choose(buf, candidates, opts, errors);
+        }
+    }
+    choose(buf, candidates, opts, None)
+}
+
+/// Arch string, then for older states the outputs, logits and embeddings.
+fn state_prefix(mut cur: Cursor, mut p: Prefix, with_outputs: bool) -> Result<Prefix> {
+    let off = cur.pos();
+    let len = cur.u32("arch_len")?;
+    if len == 0 || len > MAX_ARCH_LEN {
+        return Err(Error::format("arch_len", off, format!("1 to {MAX_ARCH_LEN}"), len));
+    }
+    let name = cur.take(len as u64, "arch name")?;
+    let ok = name.iter().all(|c| c.is_ascii_alphanumeric() || b"_-.".contains(c));
+    if !ok {
+        return Err(Error::format("arch name", off + 4, "an architecture name ([A-Za-z0-9_.-])", String::from_utf8_lossy(name).escape_debug()));
+    }
+    p.arch = Some(String::from_utf8_lossy(name).into_owned());
+    p.regions.push(region(off, 4 + len as usize, "arch", "meta"));
+    if with_outputs {
+        let o_off = cur.pos();
+        let n_out = cur.u32("n_outputs")?;
+        let output_pos = cur.i32_array(n_out as u64, &format!("output_pos ({n_out} positions)"))?;
+        p.regions.push(region(o_off, cur.pos() - o_off, "outputs", "meta"));
+        let mut floats = |what_count: &'static str, what: &'static str| -> Result<(u64, u64)> {
+            let c_off = cur.pos();
+            let n = cur.u64(what_count)?;
+            p.regions.push(region(c_off, 8, what_count, "meta"));
+            let d_off = cur.skip(n.checked_mul(4).unwrap_or(u64::MAX), &format!("{what} ({n} floats)"))?;
+            p.regions.push(region(d_off, n as usize * 4, what, "outputs"));
+            Ok((d_off as u64, n))
+        };
+        let (logits_offset, n_logits) = floats("n_logits", "logits")?;
+        let (embd_offset, n_embd) = floats("n_embeddings", "embeddings")?;
+        p.outputs = Some(Outputs { offset: o_off as u64, output_pos, logits_offset, n_logits, embd_offset, n_embd });
+        p.features.push("outputs");
+    }
+    p.memory = cur.pos();
+    Ok(p)
+}
+
+/// Try every candidate reading; exactly one must consume the bytes.
+fn choose(
+    buf: &[u8],
+    candidates: Vec<(Prefix, Vec<Reading>)>,
+    opts: WalkOptions,
+    prior: Option<Error>,
+) -> Result<Layout> {
+    let many = candidates.iter().map(|c| c.1.len() * 2).sum::<usize>() > 2;
+    let mut ok: Vec<(String, Prefix, Reading, Vec<Cache>)> = Vec::new();
+    let mut err = prior;
+    for (prefix, readings) in candidates {
+        let mut tried = readings.clone();
+        tried.extend(readings.iter().map(|r| Reading { ext_bytes: 0, ..*r }));
+        tried.dedup();
+        for r in tried {
+            if opts.cell_ext.is_some_and(|e| e != (r.ext_bytes > 0)) {
+                continue;
+            }
+            let desc = format!("{} with {}", prefix.container.name(), r.describe());
+            match parse_caches(buf, prefix.memory, r) {
+                Ok(c) => ok.push((desc, prefix.clone(), r, c)),
+                Err(e) => {
+                    let e = if many { e.in_reading(&desc) } else { e };
+                    err = Some(furthest(err, e));
+                }
+            }
+        }
+    }
+    // Readings that differ only in an extension no cell carries are the same reading.
+    ok.dedup_by(|b, a| {
+        a.1.container == b.1.container
+            && a.1.memory == b.1.memory
+            && a.2.n_stream == b.2.n_stream
+            && a.3.iter().all(|c| c.streams.iter().all(|s| s.cell_count == 0))
+            && b.3.iter().all(|c| c.streams.iter().all(|s| s.cell_count == 0))
+    });
+    match ok.len() {
+        0 => Err(err.unwrap_or_else(|| Error::format("cell extension", 0, "a reading allowed by the options", "none"))),
+        1 => {
+            let (_, p, r, caches) = ok.pop().expect("one reading");
+            let has_cells = caches.iter().any(|c| c.streams.iter().any(|s| s.cell_count > 0));
+            let ext_bytes = if has_cells { r.ext_bytes } else { 0 };
+            let mut features = p.features;
+            features.push(if r.n_stream { "n_stream" } else { "no n_stream" });
+            if ext_bytes > 0 {
+                features.push(if ext_bytes == 12 { "cell ext 12" } else { "cell ext 8" });
+            }
+            Ok(Layout {
+                size: buf.len() as u64,
+                container: p.container,
+                version: p.version,
+                seq_id: p.seq_id,
+                arch: p.arch,
+                tokens: p.tokens,
+                outputs: p.outputs,
+                ext_bytes,
+                features,
+                prefix: p.regions,
+                caches,
+            })
+        }
+        _ => Err(Error::Ambiguous {
+            field: "state layout".into(),
+            offset: ok.iter().map(|o| o.1.memory as u64).min().unwrap_or(0),
+            readings: ok.into_iter().map(|o| o.0).collect(),
+        }),
+    }
+}

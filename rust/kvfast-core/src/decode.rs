@@ -1,0 +1,145 @@
+//! Rows of every cache type to f32, bit for bit as ggml's `dequantize_row_*` computes them.
+
+use half::f16;
+use rayon::prelude::*;
+
+use crate::types::GgmlType;
+
+/// iq4_nl's value table (ggml's kvalues_iq4nl).
+pub const IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+#[inline]
+fn h(b: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+}
+
+/// Decode one row: `src` holds whole blocks of `ty`, `dst` their values.
+pub fn decode_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    let bb = ty.block_bytes();
+    let bl = ty.block_len();
+    debug_assert_eq!(src.len() / bb * bl, dst.len());
+    match ty {
+        GgmlType::F32 => {
+            for (o, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        GgmlType::F16 => {
+            for (o, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
+        }
+        GgmlType::Bf16 => {
+            for (o, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+            }
+        }
+        GgmlType::Q8_0 => {
+            for (o, b) in dst.chunks_exact_mut(32).zip(src.chunks_exact(34)) {
+                let d = h(b, 0);
+                for j in 0..32 {
+                    o[j] = (b[2 + j] as i8) as f32 * d;
+                }
+            }
+        }
+        GgmlType::Q4_0 | GgmlType::Iq4Nl => {
+            let nl = ty == GgmlType::Iq4Nl;
+            for (o, b) in dst.chunks_exact_mut(32).zip(src.chunks_exact(18)) {
+                let d = h(b, 0);
+                for j in 0..16 {
+                    let q = b[2 + j];
+                    let (lo, hi) = ((q & 0x0F) as usize, (q >> 4) as usize);
+                    if nl {
+                        o[j] = d * IQ4NL[lo] as f32;
+                        o[j + 16] = d * IQ4NL[hi] as f32;
+                    } else {
+                        o[j] = (lo as i32 - 8) as f32 * d;
+                        o[j + 16] = (hi as i32 - 8) as f32 * d;
+                    }
+                }
+            }
+        }
+        GgmlType::Q4_1 => {
+            for (o, b) in dst.chunks_exact_mut(32).zip(src.chunks_exact(20)) {
+                let (d, m) = (h(b, 0), h(b, 2));
+                for j in 0..16 {
+                    let q = b[4 + j];
+                    o[j] = (q & 0x0F) as f32 * d + m;
+                    o[j + 16] = (q >> 4) as f32 * d + m;
+                }
+            }
+        }
+        GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            let one = ty == GgmlType::Q5_1;
+            let bb = ty.block_bytes();
+            for (o, b) in dst.chunks_exact_mut(32).zip(src.chunks_exact(bb)) {
+                let d = h(b, 0);
+                let (m, qh_at) = if one { (h(b, 2), 4) } else { (0.0, 2) };
+                let qh = u32::from_le_bytes([b[qh_at], b[qh_at + 1], b[qh_at + 2], b[qh_at + 3]]);
+                let qs = &b[qh_at + 4..qh_at + 20];
+                for j in 0..16 {
+                    let xh0 = (((qh >> j) << 4) & 0x10) as u8;
+                    let xh1 = ((qh >> (j + 12)) & 0x10) as u8;
+                    let x0 = ((qs[j] & 0x0F) | xh0) as i32;
+                    let x1 = ((qs[j] >> 4) | xh1) as i32;
+                    if one {
+                        o[j] = x0 as f32 * d + m;
+                        o[j + 16] = x1 as f32 * d + m;
+                    } else {
+                        o[j] = (x0 - 16) as f32 * d;
+                        o[j + 16] = (x1 - 16) as f32 * d;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Rows per parallel task: enough work to amortize scheduling, small enough to balance.
+fn rows_per_task(row_values: usize) -> usize {
+    (16384 / row_values.max(1)).max(1)
+}
+
+/// Decode `src` (whole rows of `row_bytes` each) into `dst` (`n_embd` values per row), in parallel.
+pub fn decode_rows(ty: GgmlType, src: &[u8], row_bytes: usize, n_embd: usize, dst: &mut [f32]) {
+    let per = rows_per_task(n_embd);
+    dst.par_chunks_mut(per * n_embd)
+        .zip(src.par_chunks(per * row_bytes))
+        .for_each(|(o, s)| {
+            for (orow, srow) in o.chunks_exact_mut(n_embd).zip(s.chunks_exact(row_bytes)) {
+                decode_row(ty, srow, orow);
+            }
+        });
+}
+
+/// Transpose element-major V (`n_embd` runs of `cells` elements of `el` bytes) into cell-major
+/// rows of the same bytes, in parallel.
+pub fn transpose_bytes(src: &[u8], el: usize, cells: usize, n_embd: usize, dst: &mut [u8]) {
+    let per = rows_per_task(n_embd);
+    dst.par_chunks_mut(per * n_embd * el).enumerate().for_each(|(t, o)| {
+        let c0 = t * per;
+        for (ci, orow) in o.chunks_exact_mut(n_embd * el).enumerate() {
+            let c = c0 + ci;
+            for j in 0..n_embd {
+                let s = (j * cells + c) * el;
+                orow[j * el..(j + 1) * el].copy_from_slice(&src[s..s + el]);
+            }
+        }
+    });
+}
+
+/// Transpose element-major float V into cell-major f32 rows, in parallel.
+pub fn decode_transposed(ty: GgmlType, src: &[u8], cells: usize, n_embd: usize, dst: &mut [f32]) {
+    let el = ty.block_bytes();
+    let per = rows_per_task(n_embd);
+    dst.par_chunks_mut(per * n_embd).enumerate().for_each(|(t, o)| {
+        let c0 = t * per;
+        for (ci, orow) in o.chunks_exact_mut(n_embd).enumerate() {
+            let c = c0 + ci;
+            for (j, v) in orow.iter_mut().enumerate() {
+                let s = (j * cells + c) * el;
+                decode_row(ty, &src[s..s + el], std::slice::from_mut(v));
+            }
+        }
+    });
+}

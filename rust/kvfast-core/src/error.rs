@@ -1,0 +1,103 @@
+//! Errors of the reader: every one names the field, the byte offset and what was expected.
+
+use std::fmt;
+
+/// What went wrong while reading state bytes.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The bytes end before a field does.
+    #[error("truncated: {field} at byte {offset} needs {needed} bytes, only {available} left")]
+    Truncated {
+        field: String,
+        offset: u64,
+        needed: u64,
+        available: u64,
+    },
+    /// A field holds a value the format does not allow.
+    #[error("bad {field} at byte {offset}: expected {expected}, found {found}")]
+    Format {
+        field: String,
+        offset: u64,
+        expected: String,
+        found: String,
+    },
+    /// A container whose version this reader does not know.
+    #[error("unsupported {container} version {version} at byte {offset}: supported {supported}")]
+    UnsupportedVersion {
+        container: &'static str,
+        offset: u64,
+        version: u32,
+        supported: &'static str,
+    },
+    /// More than one reading of the bytes parses; the reader refuses to guess.
+    #[error("ambiguous {field} at byte {offset}: the bytes parse as {}", .readings.join(" and as "))]
+    Ambiguous {
+        field: String,
+        offset: u64,
+        readings: Vec<String>,
+    },
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    pub fn format(
+        field: impl Into<String>,
+        offset: usize,
+        expected: impl Into<String>,
+        found: impl fmt::Display,
+    ) -> Self {
+        Error::Format {
+            field: field.into(),
+            offset: offset as u64,
+            expected: expected.into(),
+            found: found.to_string(),
+        }
+    }
+
+    /// The byte offset the error names (None for I/O errors).
+    pub fn offset(&self) -> Option<u64> {
+        match self {
+            Error::Truncated { offset, .. }
+            | Error::Format { offset, .. }
+            | Error::UnsupportedVersion { offset, .. }
+            | Error::Ambiguous { offset, .. } => Some(*offset),
+            Error::Io(_) => None,
+        }
+    }
+
+    /// The field the error names.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Error::Truncated { field, .. }
+            | Error::Format { field, .. }
+            | Error::Ambiguous { field, .. } => Some(field),
+            Error::UnsupportedVersion { .. } => Some("version"),
+            Error::Io(_) => None,
+        }
+    }
+
+    /// A stable machine-readable kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Truncated { .. } => "truncated",
+            Error::Format { .. } => "format",
+            Error::UnsupportedVersion { .. } => "unsupported_version",
+            Error::Ambiguous { .. } => "ambiguous",
+            Error::Io(_) => "io",
+        }
+    }
+
+    /// Prefix the field with the reading that was attempted.
+    pub(crate) fn in_reading(mut self, reading: &str) -> Self {
+        match &mut self {
+            Error::Truncated { field, .. } | Error::Format { field, .. } => {
+                *field = format!("{field} (reading the bytes as {reading})");
+            }
+            _ => {}
+        }
+        self
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,19 @@
+//! kvfast-core: read llama.cpp KV-cache state bytes without Python.
+//!
+//! [`StateFile::open`] maps a state and walks its layout (metadata only, no row read);
+//! [`decode`] turns rows of any cache type into f32.
+
+pub mod cache;
+pub mod container;
+pub mod cursor;
+pub mod decode;
+pub mod error;
+pub mod layout;
+pub mod state;
+pub mod types;
+
+pub use container::{walk, WalkOptions};
+pub use error::{Error, Result};
+pub use layout::{Cache, Container, Layer, Layout, Record, Region, Stream};
+pub use state::StateFile;
+pub use types::GgmlType;
