@@ -1,1 +1,20 @@
+//! `kvfast._kvfast`: the thin PyO3 layer over kvfast-core.
 
+mod buf;
+mod errors;
+mod rows;
+mod state;
+mod stream;
+mod table;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<state::State>()?;
+    m.add_class::<buf::Buf>()?;
+    m.add_class::<stream::ArrowStream>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,347 @@
+"""``Dump``: a memory-mapped llama.cpp KV-cache state and what it holds."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvfast import _kvfast
+from kvfast.errors import ClosedError
+
+if TYPE_CHECKING:
+    import polars as pl
+    import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of a stream: its K record and (unless the model has none) its V record."""
+
+    index: int
+    k_type: str
+    v_type: str | None
+    n_embd_k: int
+    n_embd_v: int | None
+    k_offset: int
+    v_offset: int | None
+    k_nbytes: int
+    v_nbytes: int | None
+    k_row_bytes: int
+    v_row_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One stream of a cache: its occupied cells and one K and V record per layer."""
+
+    index: int
+    offset: int
+    cell_count: int
+    pos: npt.NDArray[np.int32]
+    seq_ids: list[list[int]]
+    ext: npt.NDArray[np.int32] | None
+    v_trans: bool
+    layers: list[Layer] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Cache:
+    """One KV cache (an iSWA model writes two: full-attention layers, then sliding-window ones)."""
+
+    index: int
+    offset: int
+    streams: list[Stream]
+
+    @property
+    def n_layer(self) -> int:
+        return max((len(s.layers) for s in self.streams), default=0)
+
+
+def _i32(buf: Any) -> npt.NDArray[np.int32]:
+    return np.frombuffer(buf, dtype="<i4").astype(np.int32)
+
+
+def _build_caches(raw: list[dict[str, Any]]) -> list[Cache]:
+    caches = []
+    for ci, c in enumerate(raw):
+        streams = []
+        for s in c["streams"]:
+            starts = _i32(s["seq_start"])
+            ids = _i32(s["seq_ids"]).tolist()
+            seq_ids = [ids[starts[i] : starts[i + 1]] for i in range(len(starts) - 1)]
+            ext = None
+            if s["ext"] is not None:
+                ext = _i32(s["ext"]).reshape(-1, s["ext_width"])
+            layers = [Layer(index=li, **ld) for li, ld in enumerate(s["layers"]) if True]
+            streams.append(
+                Stream(
+                    index=s["index"],
+                    offset=s["offset"],
+                    cell_count=s["cell_count"],
+                    pos=_i32(s["pos"]),
+                    seq_ids=seq_ids,
+                    ext=ext,
+                    v_trans=s["v_trans"],
+                    layers=layers,
+                )
+            )
+        caches.append(Cache(index=ci, offset=c["offset"], streams=streams))
+    return caches
+
+
+_LAYER_KEYS = tuple(Layer.__dataclass_fields__)
+
+
+class Dump:
+    """A llama.cpp KV-cache state, memory-mapped; rows are read only when asked for.
+
+    Use :func:`kvfast.open`. A context manager: after :meth:`close` every use raises
+    :class:`kvfast.ClosedError` (arrays already handed out stay valid).
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, head_dim: int | None = None, cell_ext: bool | None = None
+    ) -> None:
+        self.path = os.fspath(path)
+        self._state: _kvfast.State | None = _kvfast.State(self.path, cell_ext=cell_ext)
+        info = self._state.info()
+        self._info = info
+        raw = self._state.caches()
+        for c in raw:
+            for s in c["streams"]:
+                s["layers"] = [{k: ld[k] for k in _LAYER_KEYS if k != "index"} for ld in s["layers"]]
+        self._caches = _build_caches(raw)
+        self.head_dim = head_dim
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the memory map (views handed out keep their pages until they are freed)."""
+        if self._state is not None:
+            self._state.close()
+        self._state = None
+
+    @property
+    def closed(self) -> bool:
+        return self._state is None
+
+    def __enter__(self) -> Dump:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _live(self) -> _kvfast.State:
+        if self._state is None:
+            raise ClosedError(f"{self.path}: the dump is closed")
+        return self._state
+
+    def _get(self, key: str) -> Any:
+        self._live()
+        return self._info[key]
+
+    def __repr__(self) -> str:
+        if self._state is None:
+            return f"<kvfast.Dump {self.path!r} (closed)>"
+        return (
+            f"<kvfast.Dump {self.path!r} {self.container} v{self.version} arch={self.arch} "
+            f"caches={len(self._caches)} size={self.size}>"
+        )
+
+    # -- scalars -------------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """File size in bytes."""
+        return int(self._get("size"))
+
+    @property
+    def container(self) -> str:
+        """'seq' (llama_state_seq_get_data), 'ggsq', 'ggsn' or 'state' (llama_state_get_data)."""
+        return str(self._get("container"))
+
+    @property
+    def version(self) -> int | None:
+        """The container's version field (GGSQ 2/3, GGSN 9/10); None for raw bytes, which have none."""
+        v = self._get("version")
+        return None if v is None else int(v)
+
+    @property
+    def features(self) -> list[str]:
+        """What this reading of the bytes relied on: 'io magic', 'n_stream', 'outputs', 'cell ext 12', ..."""
+        return list(self._get("features"))
+
+    @property
+    def arch(self) -> str | None:
+        """Architecture name written in whole-context states (None in sequence states)."""
+        a = self._get("arch")
+        return None if a is None else str(a)
+
+    @property
+    def seq_id(self) -> int | None:
+        """Sequence id written in raw sequence bytes with the io magic."""
+        s = self._get("seq_id")
+        return None if s is None else int(s)
+
+    @property
+    def tokens(self) -> npt.NDArray[np.int32] | None:
+        """Token ids stored by GGSQ and GGSN files."""
+        t = self._get("tokens")
+        return None if t is None else _i32(t)
+
+    @property
+    def logits(self) -> npt.NDArray[np.float32] | None:
+        """Logits of GGSN version 9 (and 2025 raw) states: [n_outputs, n_vocab], or flat if uneven."""
+        state = self._live()
+        if "n_logits" not in self._info:
+            return None
+        n = int(self._info["n_logits"])
+        flat = np.frombuffer(state.floats_at(self._info["logits_offset"], n), dtype="<f4").astype(np.float32)
+        n_out = len(self._info["output_pos"]) // 4
+        if n_out and n % n_out == 0:
+            return flat.reshape(n_out, n // n_out)
+        return flat
+
+    @property
+    def output_pos(self) -> npt.NDArray[np.int32] | None:
+        """Which batch positions the stored logits belong to (GGSN 9)."""
+        self._live()
+        p = self._info.get("output_pos")
+        return None if p is None else _i32(p)
+
+    @property
+    def cell_ext(self) -> bool:
+        """Whether cells carry the extension of M-RoPE models (x, y[, tok])."""
+        return int(self._get("ext_bytes")) > 0
+
+    @property
+    def caches(self) -> list[Cache]:
+        self._live()
+        return self._caches
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of K and V rows."""
+        return int(self._get("row_bytes"))
+
+    @property
+    def meta_bytes(self) -> int:
+        """Bytes that are not rows nor logits/embeddings: headers, tokens, cell metadata."""
+        return int(self._get("meta_bytes"))
+
+    @property
+    def output_bytes(self) -> int:
+        """Bytes of logits and embeddings (GGSN 9)."""
+        return int(self._get("output_bytes"))
+
+    # -- tables --------------------------------------------------------------------------------
+    def layout(self) -> pl.DataFrame:
+        """One row per region of the file, in file order; the regions tile the file exactly.
+
+        Columns: offset, nbytes, what, role ('rows' | 'outputs' | 'meta'), cache, stream, kind, layer, type.
+        """
+        import polars as pl
+
+        cols = self._live().regions()
+        return pl.DataFrame(
+            cols,
+            schema={
+                "offset": pl.UInt64,
+                "nbytes": pl.UInt64,
+                "what": pl.String,
+                "role": pl.String,
+                "cache": pl.Int32,
+                "stream": pl.Int32,
+                "kind": pl.String,
+                "layer": pl.Int32,
+                "type": pl.String,
+            },
+        )
+
+    def values(
+        self, layer: int, kind: str = "k", cache: int = 0, stream: int | None = None, dtype: str | None = None
+    ) -> npt.NDArray[Any]:
+        """Rows of one record as a NumPy array [cells, values per row].
+
+        f16 and f32 rows that are not transposed come back as read-only views of the memory map where
+        the file offset is aligned for the type (a copy otherwise); bf16 and quantized rows are decoded
+        to float32 in Rust, in parallel, with the GIL released. ``dtype='float32'`` decodes everything.
+        ``stream=None`` takes the first stream that holds cells.
+        """
+        state = self._live()
+        if stream is None:
+            streams = self._caches[cache].streams if cache < len(self._caches) else []
+            stream = next((s.index for s in streams if s.cell_count), 0)
+        buf, name, n_embd, cells, _ = state.rows(cache, stream, layer, kind, dtype)
+        return np.frombuffer(buf, dtype=np.dtype(name).newbyteorder("<")).reshape(cells, n_embd)
+
+    def _table(
+        self,
+        layers: Sequence[int] | None,
+        kinds: Sequence[str] | None,
+        heads: Sequence[int] | None,
+        dtype: str | None,
+        caches: Sequence[int] | None = None,
+    ) -> _kvfast.ArrowStream:
+        if isinstance(kinds, str):
+            kinds = [kinds]
+        return self._live().table(
+            caches=None if caches is None else list(caches),
+            layers=None if layers is None else list(layers),
+            kinds=None if kinds is None else list(kinds),
+            heads=None if heads is None else list(heads),
+            dtype=dtype,
+            head_dim_k=self.head_dim,
+            head_dim_v=self.head_dim,
+        )
+
+    def to_arrow(
+        self,
+        layers: Sequence[int] | None = None,
+        kinds: Sequence[str] | None = None,
+        heads: Sequence[int] | None = None,
+        dtype: str | None = None,
+    ) -> pa.Table:
+        """The long value table: one row per (cache, stream, layer, kind, cell, seq_id, head).
+
+        Columns cache, stream, layer, kind, cell, pos, seq_id, head, values (fixed-size list of
+        head_dim numbers). A cell shared by several sequences appears once per sequence.
+        """
+        import pyarrow as pa
+
+        return pa.table(self._table(layers, kinds, heads, dtype))
+
+    def to_polars(
+        self,
+        layers: Sequence[int] | None = None,
+        kinds: Sequence[str] | None = None,
+        heads: Sequence[int] | None = None,
+        dtype: str | None = None,
+    ) -> pl.DataFrame:
+        """:meth:`to_arrow` as a Polars DataFrame (values: ``Array(Float16 | Float32, head_dim)``)."""
+        import polars as pl
+
+        return pl.DataFrame(self._table(layers, kinds, heads, dtype))
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        """The value table through the Arrow PyCapsule interface (pyarrow, Polars, DuckDB)."""
+        return self._table(None, None, None, None).__arrow_c_stream__(requested_schema)
+
+
+def open(  # noqa: A001 - the entry point is kvfast.open, like builtins.open
+    path: str | os.PathLike[str], *, head_dim: int | None = None, cell_ext: bool | None = None
+) -> Dump:
+    """Map a llama.cpp KV-cache state and walk its layout (metadata only; rows stay on disk).
+
+    Reads raw ``llama_state_seq_get_data`` bytes, GGSQ sequence files (llama-server slot saves), GGSN
+    session files and raw ``llama_state_get_data`` bytes, of the versions llama.cpp has written since
+    2025. ``head_dim`` splits rows into heads; ``cell_ext`` overrides the detection of M-RoPE cell
+    extensions (needed only when the bytes parse both ways).
+    """
+    return Dump(path, head_dim=head_dim, cell_ext=cell_ext)

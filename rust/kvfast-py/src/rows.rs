@@ -1,0 +1,81 @@
+//! The rows of one record as an Arrow buffer: a view of the map where the bytes allow it,
+//! else decoded (in parallel) into fresh memory.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use arrow_buffer::{Buffer, MutableBuffer};
+use kvfast_core::decode::{decode_rows, decode_transposed, transpose_bytes};
+use kvfast_core::{GgmlType, Record, StateFile};
+
+/// What the caller asked values to be.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Dtype {
+    /// f16 and f32 as stored, everything else decoded to f32.
+    Stored,
+    F32,
+}
+
+/// The element type of decoded rows.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Out {
+    F16,
+    F32,
+}
+
+impl Out {
+    pub fn size(self) -> usize {
+        match self {
+            Out::F16 => 2,
+            Out::F32 => 4,
+        }
+    }
+}
+
+/// `cells` rows of `n_embd` values of type `out`, cell-major.
+pub struct Rows {
+    pub buf: Buffer,
+    pub out: Out,
+    pub n_embd: usize,
+    pub cells: usize,
+    /// The buffer is a view of the memory map.
+    pub zero_copy: bool,
+}
+
+pub fn out_type(ty: GgmlType, dtype: Dtype) -> Out {
+    match (ty, dtype) {
+        (GgmlType::F16, Dtype::Stored) => Out::F16,
+        _ => Out::F32,
+    }
+}
+
+pub fn record_rows(sf: &StateFile, rec: &Record, cells: usize, dtype: Dtype) -> Rows {
+    let out = out_type(rec.ty, dtype);
+    let src = &sf.bytes()[rec.data_offset as usize..(rec.data_offset + rec.data_len) as usize];
+    let n_embd = rec.n_embd as usize;
+    let stored = (rec.ty == GgmlType::F16 && out == Out::F16) || (rec.ty == GgmlType::F32 && out == Out::F32);
+    let (buf, zero_copy) = if stored && !rec.transposed {
+        if src.is_empty() || (src.as_ptr() as usize) % out.size() != 0 {
+            // Not aligned for the value type (or nothing to view): copy into aligned memory.
+            (Buffer::from(src), false)
+        } else {
+            let ptr = NonNull::new(src.as_ptr() as *mut u8).expect("mapped bytes are not null");
+            let owner: Arc<dyn arrow_buffer::alloc::Allocation> = sf.data.clone();
+            // SAFETY: `ptr..ptr+len` lies inside the map, which `owner` keeps alive and unchanged.
+            (unsafe { Buffer::from_custom_allocation(ptr, src.len(), owner) }, true)
+        }
+    } else if stored {
+        let mut m = MutableBuffer::from_len_zeroed(src.len());
+        transpose_bytes(src, out.size(), cells, n_embd, m.as_slice_mut());
+        (m.into(), false)
+    } else {
+        let mut v = vec![0f32; cells * n_embd];
+        if rec.transposed {
+            decode_transposed(rec.ty, src, cells, n_embd, &mut v);
+        } else {
+            decode_rows(rec.ty, src, rec.row_bytes as usize, n_embd, &mut v);
+        }
+        (Buffer::from_vec(v), false)
+    };
+    Rows { buf, out, n_embd, cells, zero_copy }
+}

@@ -1,0 +1,234 @@
+//! `State`: a mapped, walked state file, as Python sees it.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use kvfast_core::{GgmlType, Record, StateFile, WalkOptions};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::buf::{i32s, Buf};
+use crate::errors::{to_py, value_error};
+use crate::rows::{record_rows, Dtype, Out};
+use crate::stream::ArrowStream;
+use crate::table::{batches, Selection};
+
+#[pyclass(frozen, module = "kvfast._kvfast")]
+pub struct State {
+    inner: RwLock<Option<Arc<StateFile>>>,
+}
+
+fn parse_dtype(dtype: Option<&str>) -> PyResult<Dtype> {
+    match dtype {
+        None => Ok(Dtype::Stored),
+        Some("float32") | Some("f32") => Ok(Dtype::F32),
+        Some(d) => Err(value_error(format!("dtype must be None or 'float32', not {d:?}"))),
+    }
+}
+
+fn parse_kind(kind: &str) -> PyResult<&'static str> {
+    match kind {
+        "k" | "K" => Ok("k"),
+        "v" | "V" => Ok("v"),
+        _ => Err(value_error(format!("kind must be 'k' or 'v', not {kind:?}"))),
+    }
+}
+
+impl State {
+    fn get(&self) -> PyResult<Arc<StateFile>> {
+        self.inner
+            .read()
+            .expect("lock")
+            .clone()
+            .ok_or_else(|| value_error("the state is closed"))
+    }
+
+    fn record<'a>(sf: &'a StateFile, cache: usize, stream: usize, layer: usize, kind: &str) -> PyResult<&'a Record> {
+        let c = sf.layout.caches.get(cache).ok_or_else(|| value_error(format!("no cache {cache}")))?;
+        let s = c.streams.get(stream).ok_or_else(|| value_error(format!("cache {cache} has no stream {stream}")))?;
+        let l = s.layers.get(layer).ok_or_else(|| {
+            value_error(format!("cache {cache} stream {stream} has {} layers, no layer {layer}", s.layers.len()))
+        })?;
+        if parse_kind(kind)? == "k" {
+            Ok(&l.k)
+        } else {
+            l.v.as_ref().ok_or_else(|| value_error(format!("layer {layer} has no V record")))
+        }
+    }
+}
+
+fn type_name(t: Option<GgmlType>) -> Option<&'static str> {
+    t.map(|t| t.name())
+}
+
+#[pymethods]
+impl State {
+    #[new]
+    #[pyo3(signature = (path, cell_ext=None))]
+    fn new(py: Python<'_>, path: PathBuf, cell_ext: Option<bool>) -> PyResult<Self> {
+        let sf = py.detach(|| StateFile::open(&path, WalkOptions { cell_ext })).map_err(to_py)?;
+        Ok(State { inner: RwLock::new(Some(Arc::new(sf))) })
+    }
+
+    /// Walk state bytes held in memory.
+    #[staticmethod]
+    #[pyo3(signature = (data, cell_ext=None))]
+    fn from_bytes(py: Python<'_>, data: Vec<u8>, cell_ext: Option<bool>) -> PyResult<Self> {
+        let sf = py.detach(|| StateFile::from_bytes(data, WalkOptions { cell_ext })).map_err(to_py)?;
+        Ok(State { inner: RwLock::new(Some(Arc::new(sf))) })
+    }
+
+    fn close(&self) {
+        *self.inner.write().expect("lock") = None;
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.read().expect("lock").is_none()
+    }
+
+    /// Container, version and the other scalars of the state.
+    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let sf = self.get()?;
+        let l = &sf.layout;
+        let d = PyDict::new(py);
+        d.set_item("size", l.size)?;
+        d.set_item("container", l.container.name())?;
+        d.set_item("version", l.version)?;
+        d.set_item("arch", l.arch.clone())?;
+        d.set_item("seq_id", l.seq_id)?;
+        d.set_item("ext_bytes", l.ext_bytes)?;
+        d.set_item("features", l.features.clone())?;
+        d.set_item("tokens", l.tokens.as_ref().map(|t| i32s(t)))?;
+        let (rows, outputs, meta) = l.byte_totals();
+        d.set_item("row_bytes", rows)?;
+        d.set_item("output_bytes", outputs)?;
+        d.set_item("meta_bytes", meta)?;
+        if let Some(o) = &l.outputs {
+            d.set_item("output_pos", i32s(&o.output_pos))?;
+            d.set_item("n_logits", o.n_logits)?;
+            d.set_item("logits_offset", o.logits_offset)?;
+            d.set_item("n_embeddings", o.n_embd)?;
+            d.set_item("embeddings_offset", o.embd_offset)?;
+        }
+        Ok(d)
+    }
+
+    /// `n` f32 values starting at byte `offset` (logits, embeddings), copied.
+    fn floats_at(&self, offset: u64, n: u64) -> PyResult<Buf> {
+        let sf = self.get()?;
+        let end = offset.checked_add(n.saturating_mul(4)).filter(|e| *e <= sf.layout.size);
+        let end = end.ok_or_else(|| value_error("range outside the state"))?;
+        Ok(Buf { data: arrow_buffer::Buffer::from(&sf.bytes()[offset as usize..end as usize]) })
+    }
+
+    /// Caches as lists of stream dicts (metadata arrays as little-endian i32 buffers).
+    fn caches<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let sf = self.get()?;
+        let caches = PyList::empty(py);
+        for c in &sf.layout.caches {
+            let streams = PyList::empty(py);
+            for s in &c.streams {
+                let d = PyDict::new(py);
+                d.set_item("index", s.index)?;
+                d.set_item("offset", s.offset)?;
+                d.set_item("cell_count", s.cell_count)?;
+                d.set_item("pos", i32s(&s.pos))?;
+                let starts: Vec<i32> = s.seq_start.iter().map(|x| *x as i32).collect();
+                d.set_item("seq_start", i32s(&starts))?;
+                d.set_item("seq_ids", i32s(&s.seq_ids))?;
+                d.set_item("ext", s.ext.as_ref().map(|e| i32s(e)))?;
+                d.set_item("ext_width", s.ext_width)?;
+                d.set_item("v_trans", s.v_trans)?;
+                let layers = PyList::empty(py);
+                for l in &s.layers {
+                    let ld = PyDict::new(py);
+                    let v = l.v.as_ref();
+                    ld.set_item("k_type", l.k.ty.name())?;
+                    ld.set_item("v_type", type_name(v.map(|v| v.ty)))?;
+                    ld.set_item("n_embd_k", l.k.n_embd)?;
+                    ld.set_item("n_embd_v", v.map(|v| v.n_embd))?;
+                    ld.set_item("k_offset", l.k.data_offset)?;
+                    ld.set_item("v_offset", v.map(|v| v.data_offset))?;
+                    ld.set_item("k_nbytes", l.k.data_len)?;
+                    ld.set_item("v_nbytes", v.map(|v| v.data_len))?;
+                    ld.set_item("k_row_bytes", l.k.row_bytes)?;
+                    ld.set_item("v_row_bytes", v.map(|v| v.row_bytes))?;
+                    ld.set_item("k_header_offset", l.k.header_offset)?;
+                    ld.set_item("v_header_offset", v.map(|v| v.header_offset))?;
+                    layers.append(ld)?;
+                }
+                d.set_item("layers", layers)?;
+                streams.append(d)?;
+            }
+            let cd = PyDict::new(py);
+            cd.set_item("offset", c.offset)?;
+            cd.set_item("has_n_stream", c.has_n_stream)?;
+            cd.set_item("streams", streams)?;
+            caches.append(cd)?;
+        }
+        Ok(caches)
+    }
+
+    /// The file's regions in file order, as columns.
+    fn regions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let sf = self.get()?;
+        let rs = sf.layout.regions();
+        let d = PyDict::new(py);
+        d.set_item("offset", rs.iter().map(|r| r.offset).collect::<Vec<_>>())?;
+        d.set_item("nbytes", rs.iter().map(|r| r.nbytes).collect::<Vec<_>>())?;
+        d.set_item("what", rs.iter().map(|r| r.what).collect::<Vec<_>>())?;
+        d.set_item("role", rs.iter().map(|r| r.role).collect::<Vec<_>>())?;
+        d.set_item("cache", rs.iter().map(|r| r.cache).collect::<Vec<_>>())?;
+        d.set_item("stream", rs.iter().map(|r| r.stream).collect::<Vec<_>>())?;
+        d.set_item("kind", rs.iter().map(|r| r.kind).collect::<Vec<_>>())?;
+        d.set_item("layer", rs.iter().map(|r| r.layer).collect::<Vec<_>>())?;
+        d.set_item("type", rs.iter().map(|r| type_name(r.ty)).collect::<Vec<_>>())?;
+        Ok(d)
+    }
+
+    /// One record's rows: (buffer, numpy dtype name, values per row, cells, zero_copy).
+    #[pyo3(signature = (cache, stream, layer, kind, dtype=None))]
+    fn rows(
+        &self,
+        py: Python<'_>,
+        cache: usize,
+        stream: usize,
+        layer: usize,
+        kind: &str,
+        dtype: Option<&str>,
+    ) -> PyResult<(Buf, &'static str, usize, usize, bool)> {
+        let sf = self.get()?;
+        let dtype = parse_dtype(dtype)?;
+        let rec = Self::record(&sf, cache, stream, layer, kind)?.clone();
+        let cells = sf.layout.caches[cache].streams[stream].cell_count as usize;
+        let r = py.detach(|| record_rows(&sf, &rec, cells, dtype));
+        let name = if r.out == Out::F16 { "float16" } else { "float32" };
+        Ok((Buf { data: r.buf }, name, r.n_embd, r.cells, r.zero_copy))
+    }
+
+    /// The long value table as Arrow batches.
+    #[pyo3(signature = (caches=None, layers=None, kinds=None, heads=None, dtype=None, head_dim_k=None, head_dim_v=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn table(
+        &self,
+        py: Python<'_>,
+        caches: Option<Vec<u32>>,
+        layers: Option<Vec<u32>>,
+        kinds: Option<Vec<String>>,
+        heads: Option<Vec<u32>>,
+        dtype: Option<&str>,
+        head_dim_k: Option<u64>,
+        head_dim_v: Option<u64>,
+    ) -> PyResult<ArrowStream> {
+        let sf = self.get()?;
+        let kinds = match kinds {
+            None => vec!["k", "v"],
+            Some(ks) => ks.iter().map(|k| parse_kind(k)).collect::<PyResult<_>>()?,
+        };
+        let sel = Selection { caches, layers, kinds, heads, dtype: parse_dtype(dtype)?, head_dim_k, head_dim_v };
+        let seq_default = sf.layout.seq_id;
+        let (schema, batches) = py.detach(|| batches(&sf, &sel, seq_default)).map_err(value_error)?;
+        Ok(ArrowStream { schema, batches })
+    }
+}

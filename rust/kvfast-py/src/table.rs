@@ -1,0 +1,205 @@
+//! The long value table: one row per (cache, stream, layer, kind, cell, sequence, head).
+
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, FixedSizeListArray, Float16Array, Float32Array, Int32Array, RecordBatch, StringArray};
+use arrow_buffer::{Buffer, MutableBuffer, ScalarBuffer};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use kvfast_core::{Record, StateFile, Stream};
+
+use crate::rows::{out_type, record_rows, Dtype, Out, Rows};
+
+/// Which records and heads to put in the table.
+pub struct Selection {
+    pub caches: Option<Vec<u32>>,
+    pub layers: Option<Vec<u32>>,
+    pub kinds: Vec<&'static str>,
+    pub heads: Option<Vec<u32>>,
+    pub dtype: Dtype,
+    pub head_dim_k: Option<u64>,
+    pub head_dim_v: Option<u64>,
+}
+
+/// One record to turn into a batch.
+struct Job<'a> {
+    cache: u32,
+    stream: &'a Stream,
+    layer: u32,
+    kind: &'static str,
+    rec: &'a Record,
+    head_dim: usize,
+}
+
+fn head_dim(rec: &Record, given: Option<u64>, kind: &str, layer: u32) -> Result<usize, String> {
+    match given {
+        None => Ok(rec.n_embd as usize),
+        Some(0) => Err("head_dim must be positive".into()),
+        Some(h) if rec.n_embd % h != 0 => Err(format!(
+            "head_dim {h} does not divide the {} values per {kind} row of layer {layer}",
+            rec.n_embd
+        )),
+        Some(h) => Ok(h as usize),
+    }
+}
+
+pub fn schema(out: Out, head_dim: usize) -> SchemaRef {
+    let item = Arc::new(Field::new(
+        "item",
+        if out == Out::F16 { DataType::Float16 } else { DataType::Float32 },
+        false,
+    ));
+    let i32f = |n: &str, null: bool| Field::new(n, DataType::Int32, null);
+    Arc::new(Schema::new(vec![
+        i32f("cache", false),
+        i32f("stream", false),
+        i32f("layer", false),
+        Field::new("kind", DataType::Utf8, false),
+        i32f("cell", false),
+        i32f("pos", false),
+        i32f("seq_id", true),
+        i32f("head", false),
+        Field::new("values", DataType::FixedSizeList(item, head_dim as i32), false),
+    ]))
+}
+
+/// Plan the batches; fails on a head_dim that does not divide a row, or K and V head sizes
+/// that cannot share one fixed-size column.
+pub fn plan_schema(sf: &StateFile, sel: &Selection) -> Result<(SchemaRef, usize), String> {
+    let jobs = jobs(sf, sel)?;
+    let dims: std::collections::BTreeSet<usize> = jobs.iter().map(|j| j.head_dim).collect();
+    if dims.len() > 1 {
+        return Err(format!(
+            "the selected records have different head sizes {dims:?}: select kinds=['k'] or ['v'] separately"
+        ));
+    }
+    let hd = dims.into_iter().next().unwrap_or(1);
+    let out = if !jobs.is_empty() && jobs.iter().all(|j| out_type(j.rec.ty, sel.dtype) == Out::F16) {
+        Out::F16
+    } else {
+        Out::F32
+    };
+    Ok((schema(out, hd), jobs.len()))
+}
+
+fn jobs<'a>(sf: &'a StateFile, sel: &Selection) -> Result<Vec<Job<'a>>, String> {
+    let mut out = Vec::new();
+    for (ci, cache) in sf.layout.caches.iter().enumerate() {
+        let ci = ci as u32;
+        if sel.caches.as_ref().is_some_and(|c| !c.contains(&ci)) {
+            continue;
+        }
+        for stream in &cache.streams {
+            for kind in &sel.kinds {
+                for (li, layer) in stream.layers.iter().enumerate() {
+                    let li = li as u32;
+                    if sel.layers.as_ref().is_some_and(|l| !l.contains(&li)) {
+                        continue;
+                    }
+                    let (rec, given) = if *kind == "k" { (Some(&layer.k), sel.head_dim_k) } else { (layer.v.as_ref(), sel.head_dim_v) };
+                    let Some(rec) = rec else { continue };
+                    let head_dim = head_dim(rec, given, kind, li)?;
+                    if let Some(hs) = &sel.heads {
+                        let n = rec.n_embd as usize / head_dim;
+                        if let Some(h) = hs.iter().find(|h| **h as usize >= n) {
+                            return Err(format!("head {h} out of range: layer {li} {kind} has {n} heads"));
+                        }
+                    }
+                    out.push(Job { cache: ci, stream, layer: li, kind, rec, head_dim });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Build every selected batch (decoding in parallel inside each record).
+pub fn batches(sf: &StateFile, sel: &Selection, seq_default: Option<i32>) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
+    let (schema, _) = plan_schema(sf, sel)?;
+    let DataType::FixedSizeList(_, hd) = schema.field(8).data_type() else { unreachable!() };
+    let want = if matches!(schema.field(8).data_type(), DataType::FixedSizeList(f, _) if f.data_type() == &DataType::Float16) {
+        Out::F16
+    } else {
+        Out::F32
+    };
+    let dtype = if want == Out::F16 { sel.dtype } else { Dtype::F32 };
+    let mut out = Vec::new();
+    for job in jobs(sf, sel)? {
+        let rows = record_rows(sf, job.rec, job.stream.cell_count as usize, dtype);
+        out.push(batch(&schema, &job, rows, sel.heads.as_deref(), seq_default, *hd as usize)?);
+    }
+    Ok((schema, out))
+}
+
+fn batch(
+    schema: &SchemaRef,
+    job: &Job,
+    rows: Rows,
+    heads: Option<&[u32]>,
+    seq_default: Option<i32>,
+    hd: usize,
+) -> Result<RecordBatch, String> {
+    let s = job.stream;
+    let n_heads = rows.n_embd / hd;
+    let all_heads: Vec<u32> = (0..n_heads as u32).collect();
+    let heads = heads.unwrap_or(&all_heads);
+    // (cell, seq) pairs: a cell of several sequences appears once per sequence.
+    let mut pairs: Vec<(usize, Option<i32>)> = Vec::with_capacity(rows.cells);
+    for c in 0..rows.cells {
+        let seqs = s.cell_seqs(c);
+        if seqs.is_empty() {
+            pairs.push((c, seq_default));
+        } else {
+            pairs.extend(seqs.iter().map(|q| (c, Some(*q))));
+        }
+    }
+    let n = pairs.len() * heads.len();
+    let identity = pairs.len() == rows.cells && heads.len() == n_heads;
+    let values_buf = if identity {
+        rows.buf
+    } else {
+        let es = rows.out.size();
+        let mut m = MutableBuffer::with_capacity(n * hd * es);
+        let src = rows.buf.as_slice();
+        for (c, _) in &pairs {
+            for h in heads {
+                let start = (c * rows.n_embd + *h as usize * hd) * es;
+                m.extend_from_slice(&src[start..start + hd * es]);
+            }
+        }
+        Buffer::from(m)
+    };
+    let values: ArrayRef = match rows.out {
+        Out::F16 => Arc::new(Float16Array::new(ScalarBuffer::new(values_buf, 0, n * hd), None)),
+        Out::F32 => Arc::new(Float32Array::new(ScalarBuffer::new(values_buf, 0, n * hd), None)),
+    };
+    let DataType::FixedSizeList(item, _) = schema.field(8).data_type() else { unreachable!() };
+    let list = FixedSizeListArray::try_new(item.clone(), hd as i32, values, None).map_err(|e| e.to_string())?;
+    let constant = |v: i32| Arc::new(Int32Array::from(vec![v; n])) as ArrayRef;
+    let mut cell = Vec::with_capacity(n);
+    let mut pos = Vec::with_capacity(n);
+    let mut seq = Vec::with_capacity(n);
+    let mut head = Vec::with_capacity(n);
+    for (c, q) in &pairs {
+        for h in heads {
+            cell.push(*c as i32);
+            pos.push(s.pos[*c]);
+            seq.push(*q);
+            head.push(*h as i32);
+        }
+    }
+    RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            constant(job.cache as i32),
+            constant(s.index as i32),
+            constant(job.layer as i32),
+            Arc::new(StringArray::from(vec![job.kind; n])),
+            Arc::new(Int32Array::from(cell)),
+            Arc::new(Int32Array::from(pos)),
+            Arc::new(Int32Array::from(seq)),
+            Arc::new(Int32Array::from(head)),
+            Arc::new(list),
+        ],
+    )
+    .map_err(|e| e.to_string())
+}
