@@ -1,0 +1,5 @@
+import sys
+
+from kvfast.cli import main
+
+sys.exit(main())

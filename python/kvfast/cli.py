@@ -1,0 +1,135 @@
+"""The ``kvfast`` command line (also ``python -m kvfast``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import kvfast
+from kvfast.dump import Dump
+
+
+def _describe(dump: Dump) -> dict[str, Any]:
+    caches = []
+    for c in dump.caches:
+        streams = []
+        for s in c.streams:
+            seqs = sorted({q for ids in s.seq_ids for q in ids})
+            streams.append(
+                {
+                    "index": s.index,
+                    "cells": s.cell_count,
+                    "pos_min": int(s.pos.min()) if s.cell_count else None,
+                    "pos_max": int(s.pos.max()) if s.cell_count else None,
+                    "sequences": seqs,
+                    "shared_cells": sum(1 for ids in s.seq_ids if len(ids) > 1),
+                    "v_trans": s.v_trans,
+                    "layers": [
+                        {
+                            "layer": ly.index,
+                            "k_type": ly.k_type,
+                            "n_embd_k": ly.n_embd_k,
+                            "v_type": ly.v_type,
+                            "n_embd_v": ly.n_embd_v,
+                            "k_offset": ly.k_offset,
+                            "v_offset": ly.v_offset,
+                            "k_nbytes": ly.k_nbytes,
+                            "v_nbytes": ly.v_nbytes,
+                        }
+                        for ly in s.layers
+                    ],
+                }
+            )
+        caches.append({"index": c.index, "offset": c.offset, "streams": streams})
+    tokens = dump.tokens
+    return {
+        "path": dump.path,
+        "container": dump.container,
+        "version": dump.version,
+        "features": dump.features,
+        "arch": dump.arch,
+        "seq_id": dump.seq_id,
+        "cell_ext": dump.cell_ext,
+        "n_tokens": None if tokens is None else len(tokens),
+        "size": dump.size,
+        "row_bytes": dump.row_bytes,
+        "output_bytes": dump.output_bytes,
+        "meta_bytes": dump.meta_bytes,
+        "caches": caches,
+    }
+
+
+def _print_info(d: dict[str, Any]) -> None:
+    version = "" if d["version"] is None else f" version {d['version']}"
+    print(f"{d['path']}")
+    print(f"  container  {d['container']}{version}  ({', '.join(d['features'])})")
+    for key in ("arch", "seq_id", "n_tokens"):
+        if d[key] is not None:
+            print(f"  {key:<10} {d[key]}")
+    if d["cell_ext"]:
+        print("  cells carry the M-RoPE extension")
+    print(
+        f"  bytes      {d['size']:,} = rows {d['row_bytes']:,} + outputs {d['output_bytes']:,}"
+        f" + metadata {d['meta_bytes']:,}"
+    )
+    for c in d["caches"]:
+        print(f"  cache {c['index']} at byte {c['offset']:,}: {len(c['streams'])} stream(s)")
+        for s in c["streams"]:
+            if not s["cells"]:
+                print(f"    stream {s['index']}: empty")
+                continue
+            v = "V transposed (flash attention off)" if s["v_trans"] else "V per cell"
+            shared = f", {s['shared_cells']} shared" if s["shared_cells"] else ""
+            print(
+                f"    stream {s['index']}: {s['cells']} cells, pos {s['pos_min']}..{s['pos_max']},"
+                f" sequences {s['sequences']}{shared}, {v}"
+            )
+            print(f"      {'layer':>5}  {'K':<7}{'values':>7}  {'V':<7}{'values':>7}  {'K offset':>12}  {'V offset':>12}")
+            for ly in s["layers"]:
+                print(
+                    f"      {ly['layer']:>5}  {ly['k_type']:<7}{ly['n_embd_k']:>7}  {ly['v_type'] or '-':<7}"
+                    f"{ly['n_embd_v'] or 0:>7}  {ly['k_offset']:>12,}  {ly['v_offset'] or 0:>12,}"
+                )
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    path = args.path or kvfast.sample_path()
+    with kvfast.open(path) as dump:
+        d = _describe(dump)
+    if args.json:
+        print(json.dumps(d, indent=1))
+    else:
+        _print_info(d)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvfast", description="Look inside llama.cpp KV-cache states.")
+    p.add_argument("--version", action="version", version=f"kvfast {kvfast.__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    info = sub.add_parser(
+        "info",
+        help="print a state's structure",
+        description="Print a state's containers, caches, streams, cells and layers.",
+        epilog="example: kvfast info slot0.bin   (no PATH: the bundled sample state)",
+    )
+    info.add_argument("path", nargs="?", help="a state file (default: the bundled sample)")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    info.set_defaults(run=_cmd_info)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except (kvfast.KvfastError, OSError, ValueError) as e:
+        print(f"kvfast: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
