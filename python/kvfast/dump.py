@@ -148,7 +148,7 @@ class Dump:
         return self._info[key]
 
     def __repr__(self) -> str:
-        if self._state is None:
+        if getattr(self, "_state", None) is None:
             return f"<kvfast.Dump {self.path!r} (closed)>"
         return (
             f"<kvfast.Dump {self.path!r} {self.container} v{self.version} arch={self.arch} "

@@ -44,47 +44,45 @@ pub fn parse_caches(buf: &[u8], start: usize, reading: Reading) -> Result<Vec<Ca
 }
 
 fn parse_from(buf: &[u8], start: usize, reading: Reading, out: &mut Vec<Cache>) -> Result<()> {
-    if out.len() == MAX_CACHES {
-        return Err(Error::format(
-            "end of the state",
-            start,
-            format!("at most {MAX_CACHES} KV caches, then the end of the bytes"),
-            format!("{} more bytes", buf.len() - start),
-        ));
-    }
-    // Caches without V records (MLA) are only tried when the full reading fails; the full
-    // reading's error is the one reported.
-    let mut first: Option<Error> = None;
-    for with_v in [true, false] {
-        let attempt = parse_cache(&mut Cursor::new(buf, start), reading, with_v, out.len());
-        let res = attempt.and_then(|(cache, end)| {
-            let n = out.len();
-            out.push(cache);
-            let r = if end == buf.len() { Ok(()) } else { parse_from(buf, end, reading, out) };
-            if r.is_err() {
-                out.truncate(n);
-            }
-            r
-        });
-        match res {
-            Ok(()) => return Ok(()),
-            Err(e) => {
-                first.get_or_insert(e);
-            }
+    let mut pos = start;
+    loop {
+        if out.len() == MAX_CACHES {
+            return Err(Error::format(
+                "end of the state",
+                pos,
+                format!("at most {MAX_CACHES} KV caches, then the end of the bytes"),
+                format!("{} more bytes", buf.len() - pos),
+            ));
         }
+        let (cache, end) = parse_cache(&mut Cursor::new(buf, pos), reading, out.len())?;
+        out.push(cache);
+        if end == buf.len() {
+            return Ok(());
+        }
+        pos = end;
     }
-    Err(first.expect("two attempts were made"))
 }
 
-/// Of two errors, the one further into the bytes (the more informative one).
+/// How far into a stream's structure an error lies: a reading that got past the cells to the
+/// layer records is the likelier one, whatever the byte offsets of the two errors.
+fn depth(e: &Error) -> u8 {
+    match e.field() {
+        Some(f) if f.contains(" layer ") => 2,
+        Some(f) if f.contains("v_trans") || f.contains("n_layer") => 1,
+        _ => 0,
+    }
+}
+
+/// Of two errors of different readings, the more informative one: the one deeper into the
+/// structure, then the one further into the bytes.
 pub fn furthest(a: Option<Error>, b: Error) -> Error {
     match a {
-        Some(a) if a.offset().unwrap_or(0) >= b.offset().unwrap_or(0) => a,
+        Some(a) if (depth(&a), a.offset().unwrap_or(0)) >= (depth(&b), b.offset().unwrap_or(0)) => a,
         _ => b,
     }
 }
 
-fn parse_cache(cur: &mut Cursor, reading: Reading, with_v: bool, ci: usize) -> Result<(Cache, usize)> {
+fn parse_cache(cur: &mut Cursor, reading: Reading, ci: usize) -> Result<(Cache, usize)> {
     let offset = cur.pos();
     let n_stream = if reading.n_stream {
         let n = cur.u32(&format!("cache {ci} n_stream"))?;
@@ -97,12 +95,12 @@ fn parse_cache(cur: &mut Cursor, reading: Reading, with_v: bool, ci: usize) -> R
     };
     let mut streams = Vec::with_capacity(n_stream as usize);
     for s in 0..n_stream {
-        streams.push(parse_stream(cur, reading, with_v, ci, s)?);
+        streams.push(parse_stream(cur, reading, ci, s)?);
     }
     Ok((Cache { offset: offset as u64, has_n_stream: reading.n_stream, streams }, cur.pos()))
 }
 
-fn parse_stream(cur: &mut Cursor, reading: Reading, with_v: bool, ci: usize, s: u32) -> Result<Stream> {
+fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result<Stream> {
     let at = format!("cache {ci} stream {s}");
     let offset = cur.pos();
     let cell_count = cur.u32(&format!("{at} cell_count"))?;
@@ -161,16 +159,16 @@ fn parse_stream(cur: &mut Cursor, reading: Reading, with_v: bool, ci: usize, s: 
     for l in 0..n_layer {
         ks.push(row_record(cur, &format!("{at} layer {l} k"), cell_count)?);
     }
-    let mut vs: Vec<Option<Record>> = vec![None; n_layer as usize];
-    if with_v {
-        for (l, v) in vs.iter_mut().enumerate() {
-            let field = format!("{at} layer {l} v");
-            *v = Some(if stream.v_trans {
-                trans_record(cur, &field, cell_count)?
-            } else {
-                row_record(cur, &field, cell_count)?
-            });
-        }
+    // Every layer has a V record. (Models without V, such as MLA ones, are not read: a state cut
+    // between its K and V records would read as one of them.)
+    let mut vs: Vec<Option<Record>> = Vec::with_capacity(n_layer as usize);
+    for l in 0..n_layer {
+        let field = format!("{at} layer {l} v");
+        vs.push(Some(if stream.v_trans {
+            trans_record(cur, &field, cell_count)?
+        } else {
+            row_record(cur, &field, cell_count)?
+        }));
     }
     stream.layers = ks.into_iter().zip(vs).map(|(k, v)| Layer { k, v }).collect();
     Ok(stream)

@@ -37,7 +37,11 @@ impl StateFile {
     /// Map `path` and walk it. Costs time in proportion to the metadata, not the rows.
     pub fn open(path: impl AsRef<Path>, opts: WalkOptions) -> Result<Self> {
         let file = File::open(path)?;
-        let len = file.metadata()?.len();
+        let meta = file.metadata()?;
+        if meta.is_dir() {
+            return Err(std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory").into());
+        }
+        let len = meta.len();
         let data = if len == 0 {
             Data::Owned(Vec::new())
         } else {
