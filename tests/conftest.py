@@ -15,3 +15,11 @@ def probe(folder: Path) -> dict:
 @pytest.fixture(params=STATE_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def state_file(request: pytest.FixtureRequest) -> Path:
     return request.param
+
+
+def proc_status_kb(key: str) -> int:
+    """A field of /proc/self/status in KiB (RssAnon: the process's own memory; RssFile: mapped pages)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)

@@ -3,7 +3,6 @@ import subprocess
 import sys
 
 from conftest import DATA
-
 from kvfast.cli import main
 
 
@@ -18,7 +17,9 @@ def test_info_on_the_bundled_sample(capsys) -> None:
 def test_info_json_and_python_m() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "kvfast", "info", "--json", str(DATA / "qwen3tiny-3seq-shared/state.bin")],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     d = json.loads(r.stdout)
     assert d["container"] == "state" and d["arch"] == "qwen3"

@@ -3,10 +3,9 @@
 import struct
 from pathlib import Path
 
+import kvfast
 import pytest
 from conftest import DATA, STATE_FILES
-
-import kvfast
 from kvfast._kvfast import State
 
 SMALL = [f for f in STATE_FILES if f.stat().st_size < 20_000]
@@ -30,7 +29,7 @@ def test_truncated_at_every_byte(path: Path) -> None:
 
 def test_truncated_gemma_at_many_offsets() -> None:
     raw = (DATA / "gemma3-270m-f16-fa/state.ggsn").read_bytes()
-    for n in list(range(0, 800)) + list(range(800, len(raw), 997)) + [len(raw) - 1]:
+    for n in list(range(800)) + list(range(800, len(raw), 997)) + [len(raw) - 1]:
         with pytest.raises(kvfast.KvfastError) as e:
             State.from_bytes(raw[:n])
         _check(e.value, n)

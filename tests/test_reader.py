@@ -3,11 +3,10 @@
 import struct
 from pathlib import Path
 
+import kvfast
 import numpy as np
 import pytest
-from conftest import DATA, FOLDERS, probe
-
-import kvfast
+from conftest import DATA, FOLDERS, probe, proc_status_kb
 from kvfast import synth
 
 
@@ -195,28 +194,27 @@ def test_close_and_context_manager() -> None:
         v = d.values(0, "k")
         assert d.size > 0
     assert d.closed
-    for use in (lambda: d.size, lambda: d.caches, lambda: d.layout(), lambda: d.to_polars(), lambda: d.tokens):
+    for use in (
+        lambda: d.size,
+        lambda: d.caches,
+        lambda: d.layout(),
+        lambda: d.to_polars(),
+        lambda: d.tokens,
+    ):
         with pytest.raises(kvfast.ClosedError, match="closed"):
             use()
     assert v.shape == (7, 64) and np.isfinite(v).all()  # arrays handed out stay valid
     d.close()  # twice is fine
 
 
-def _rss_file_kb() -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith("RssFile:"):
-            return int(line.split()[1])
-    return 0
-
-
 def test_open_reads_metadata_not_rows(tmp_path: Path) -> None:
     path = tmp_path / "big.bin"
     size = synth.write_state(path, cells=4096, n_layer=16, n_embd_k=1024)  # 256 MiB of rows
-    before = _rss_file_kb()
+    before = proc_status_kb("RssFile")
     with kvfast.open(path) as d:
         assert d.row_bytes == 4096 * 16 * 2 * 2048
         assert d.size == size
-        touched_kb = _rss_file_kb() - before
+        touched_kb = proc_status_kb("RssFile") - before
     assert touched_kb < 16 * 1024, f"opening touched {touched_kb} KiB of a {size >> 20} MiB state"
 
 

@@ -87,7 +87,9 @@ def _print_info(d: dict[str, Any]) -> None:
                 f"    stream {s['index']}: {s['cells']} cells, pos {s['pos_min']}..{s['pos_max']},"
                 f" sequences {s['sequences']}{shared}, {v}"
             )
-            print(f"      {'layer':>5}  {'K':<7}{'values':>7}  {'V':<7}{'values':>7}  {'K offset':>12}  {'V offset':>12}")
+            print(
+                f"      {'layer':>5}  {'K':<7}{'values':>7}  {'V':<7}{'values':>7}  {'K offset':>12}  {'V offset':>12}"
+            )
             for ly in s["layers"]:
                 print(
                     f"      {ly['layer']:>5}  {ly['k_type']:<7}{ly['n_embd_k']:>7}  {ly['v_type'] or '-':<7}"

@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -63,8 +63,8 @@ class Cache:
         return max((len(s.layers) for s in self.streams), default=0)
 
 
-def _i32(buf: Any) -> npt.NDArray[np.int32]:
-    return np.frombuffer(buf, dtype="<i4").astype(np.int32)
+def _i32(buf: _kvfast.Buf) -> npt.NDArray[np.int32]:
+    return np.frombuffer(memoryview(buf), dtype="<i4").astype(np.int32)
 
 
 def _build_caches(raw: list[dict[str, Any]]) -> list[Cache]:
@@ -78,7 +78,7 @@ def _build_caches(raw: list[dict[str, Any]]) -> list[Cache]:
             ext = None
             if s["ext"] is not None:
                 ext = _i32(s["ext"]).reshape(-1, s["ext_width"])
-            layers = [Layer(index=li, **ld) for li, ld in enumerate(s["layers"]) if True]
+            layers = [Layer(index=li, **ld) for li, ld in enumerate(s["layers"])]
             streams.append(
                 Stream(
                     index=s["index"],
@@ -130,7 +130,7 @@ class Dump:
     def closed(self) -> bool:
         return self._state is None
 
-    def __enter__(self) -> Dump:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -202,7 +202,8 @@ class Dump:
         if "n_logits" not in self._info:
             return None
         n = int(self._info["n_logits"])
-        flat = np.frombuffer(state.floats_at(self._info["logits_offset"], n), dtype="<f4").astype(np.float32)
+        buf = state.floats_at(self._info["logits_offset"], n)
+        flat = np.frombuffer(memoryview(buf), dtype="<f4").astype(np.float32)
         n_out = len(self._info["output_pos"]) // 4
         if n_out and n % n_out == 0:
             return flat.reshape(n_out, n // n_out)
@@ -279,7 +280,8 @@ class Dump:
             streams = self._caches[cache].streams if cache < len(self._caches) else []
             stream = next((s.index for s in streams if s.cell_count), 0)
         buf, name, n_embd, cells, _ = state.rows(cache, stream, layer, kind, dtype)
-        return np.frombuffer(buf, dtype=np.dtype(name).newbyteorder("<")).reshape(cells, n_embd)
+        arr: npt.NDArray[Any] = np.frombuffer(memoryview(buf), dtype=np.dtype(name).newbyteorder("<"))
+        return arr.reshape(cells, n_embd)
 
     def _table(
         self,
@@ -334,9 +336,7 @@ class Dump:
         return self._table(None, None, None, None).__arrow_c_stream__(requested_schema)
 
 
-def open(  # noqa: A001 - the entry point is kvfast.open, like builtins.open
-    path: str | os.PathLike[str], *, head_dim: int | None = None, cell_ext: bool | None = None
-) -> Dump:
+def open(path: str | os.PathLike[str], *, head_dim: int | None = None, cell_ext: bool | None = None) -> Dump:
     """Map a llama.cpp KV-cache state and walk its layout (metadata only; rows stay on disk).
 
     Reads raw ``llama_state_seq_get_data`` bytes, GGSQ sequence files (llama-server slot saves), GGSN

@@ -49,10 +49,12 @@ def random_rows(type_name: str, cells: int, n: int, rng: np.random.Generator) ->
         return (f.view("<u4") >> 16).astype("<u2").tobytes()
     _, bl, bb = TYPES[type_name]
     blocks = rng.integers(0, 256, size=(cells * n // bl, bb), dtype=np.uint8)
-    scales = (rng.random(blocks.shape[0], dtype=np.float32) * 0.05 + 0.001).astype("<f2")
+    scales = (rng.random(blocks.shape[0], dtype=np.float32) * np.float32(0.05) + np.float32(0.001)).astype(
+        "<f2"
+    )
     blocks[:, 0:2] = scales.view(np.uint8).reshape(-1, 2)
     if type_name in ("q4_1", "q5_1"):
-        mins = (rng.standard_normal(blocks.shape[0], dtype=np.float32) * 0.1).astype("<f2")
+        mins = (rng.standard_normal(blocks.shape[0], dtype=np.float32) * np.float32(0.1)).astype("<f2")
         blocks[:, 2:4] = mins.view(np.uint8).reshape(-1, 2)
     return blocks.tobytes()
 
@@ -60,8 +62,7 @@ def random_rows(type_name: str, cells: int, n: int, rng: np.random.Generator) ->
 def _write_rows(f: BinaryIO, type_name: str, cells: int, n: int, rng: np.random.Generator) -> None:
     # Chunked so that multi-GB states are written in bounded memory.
     per = max(1, (64 << 20) // max(1, row_bytes(type_name, n)))
-    for start in range(0, cells, per):
-        f.write(random_rows(type_name, min(per, cells - start), n, rng))
+    f.writelines(random_rows(type_name, min(per, cells - start), n, rng) for start in range(0, cells, per))
 
 
 def write_cache(

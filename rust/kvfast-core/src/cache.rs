@@ -27,7 +27,11 @@ impl Reading {
     pub fn describe(&self) -> String {
         format!(
             "{}, {}",
-            if self.n_stream { "caches with n_stream" } else { "caches without n_stream" },
+            if self.n_stream {
+                "caches with n_stream"
+            } else {
+                "caches without n_stream"
+            },
             match self.ext_bytes {
                 0 => "no cell extension".to_string(),
                 n => format!("{n}-byte cell extension"),
@@ -77,7 +81,9 @@ fn depth(e: &Error) -> u8 {
 /// structure, then the one further into the bytes.
 pub fn furthest(a: Option<Error>, b: Error) -> Error {
     match a {
-        Some(a) if (depth(&a), a.offset().unwrap_or(0)) >= (depth(&b), b.offset().unwrap_or(0)) => a,
+        Some(a) if (depth(&a), a.offset().unwrap_or(0)) >= (depth(&b), b.offset().unwrap_or(0)) => {
+            a
+        }
         _ => b,
     }
 }
@@ -87,7 +93,12 @@ fn parse_cache(cur: &mut Cursor, reading: Reading, ci: usize) -> Result<(Cache, 
     let n_stream = if reading.n_stream {
         let n = cur.u32(&format!("cache {ci} n_stream"))?;
         if n == 0 || n > MAX_SEQ {
-            return Err(Error::format(format!("cache {ci} n_stream"), offset, format!("1 to {MAX_SEQ}"), n));
+            return Err(Error::format(
+                format!("cache {ci} n_stream"),
+                offset,
+                format!("1 to {MAX_SEQ}"),
+                n,
+            ));
         }
         n
     } else {
@@ -97,7 +108,14 @@ fn parse_cache(cur: &mut Cursor, reading: Reading, ci: usize) -> Result<(Cache, 
     for s in 0..n_stream {
         streams.push(parse_stream(cur, reading, ci, s)?);
     }
-    Ok((Cache { offset: offset as u64, has_n_stream: reading.n_stream, streams }, cur.pos()))
+    Ok((
+        Cache {
+            offset: offset as u64,
+            has_n_stream: reading.n_stream,
+            streams,
+        },
+        cur.pos(),
+    ))
 }
 
 fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result<Stream> {
@@ -139,13 +157,23 @@ fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result
     let vt_off = cur.pos();
     let v_trans = cur.u32(&format!("{at} v_trans"))?;
     if v_trans > 1 {
-        return Err(Error::format(format!("{at} v_trans"), vt_off, "0 or 1", v_trans));
+        return Err(Error::format(
+            format!("{at} v_trans"),
+            vt_off,
+            "0 or 1",
+            v_trans,
+        ));
     }
     stream.v_trans = v_trans == 1;
     let nl_off = cur.pos();
     let n_layer = cur.u32(&format!("{at} n_layer"))?;
     if n_layer == 0 || n_layer > MAX_LAYERS {
-        return Err(Error::format(format!("{at} n_layer"), nl_off, format!("1 to {MAX_LAYERS}"), n_layer));
+        return Err(Error::format(
+            format!("{at} n_layer"),
+            nl_off,
+            format!("1 to {MAX_LAYERS}"),
+            n_layer,
+        ));
     }
     if n_layer as u64 * 12 > cur.remaining() as u64 {
         return Err(Error::Truncated {
@@ -170,7 +198,11 @@ fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result
             row_record(cur, &field, cell_count)?
         }));
     }
-    stream.layers = ks.into_iter().zip(vs).map(|(k, v)| Layer { k, v }).collect();
+    stream.layers = ks
+        .into_iter()
+        .zip(vs)
+        .map(|(k, v)| Layer { k, v })
+        .collect();
     Ok(stream)
 }
 
@@ -181,18 +213,32 @@ fn parse_cells(cur: &mut Cursor, at: &str, stream: &mut Stream) -> Result<()> {
     stream.seq_start.push(0);
     stream.seq_ids.reserve(n);
     let width = stream.ext_width;
-    let mut ext = if width > 0 { Some(Vec::with_capacity(n * width)) } else { None };
+    let mut ext = if width > 0 {
+        Some(Vec::with_capacity(n * width))
+    } else {
+        None
+    };
     for i in 0..n {
         let off = cur.pos();
         let pos = cur.i32(&format!("{at} cell {i} pos"))?;
         if pos < 0 {
-            return Err(Error::format(format!("{at} cell {i} pos"), off, "a position >= 0", pos));
+            return Err(Error::format(
+                format!("{at} cell {i} pos"),
+                off,
+                "a position >= 0",
+                pos,
+            ));
         }
         let off = cur.pos();
         let n_seq = cur.u32(&format!("{at} cell {i} n_seq_id"))?;
         // Sequence states of builds before mid-2025 write 0 here: the cell is the state's sequence.
         if n_seq > MAX_SEQ {
-            return Err(Error::format(format!("{at} cell {i} n_seq_id"), off, format!("0 to {MAX_SEQ}"), n_seq));
+            return Err(Error::format(
+                format!("{at} cell {i} n_seq_id"),
+                off,
+                format!("0 to {MAX_SEQ}"),
+                n_seq,
+            ));
         }
         if let Some(ext) = ext.as_mut() {
             for _ in 0..width {
@@ -203,7 +249,12 @@ fn parse_cells(cur: &mut Cursor, at: &str, stream: &mut Stream) -> Result<()> {
             let off = cur.pos();
             let id = cur.i32(&format!("{at} cell {i} seq_id"))?;
             if id < 0 || id as u32 >= MAX_SEQ {
-                return Err(Error::format(format!("{at} cell {i} seq_id"), off, format!("0 to {}", MAX_SEQ - 1), id));
+                return Err(Error::format(
+                    format!("{at} cell {i} seq_id"),
+                    off,
+                    format!("0 to {}", MAX_SEQ - 1),
+                    id,
+                ));
             }
             stream.seq_ids.push(id);
         }
@@ -218,13 +269,21 @@ fn read_type(cur: &mut Cursor, field: &str) -> Result<GgmlType> {
     let off = cur.pos();
     let id = cur.i32(&format!("{field} type"))?;
     GgmlType::from_id(id).ok_or_else(|| {
-        Error::format(format!("{field} type"), off, format!("a cache type id: {}", type_list()), id)
+        Error::format(
+            format!("{field} type"),
+            off,
+            format!("a cache type id: {}", type_list()),
+            id,
+        )
     })
 }
 
 fn rows(cur: &mut Cursor, field: &str, row_bytes: u64, cells: u32) -> Result<(u64, u64)> {
-    let len = row_bytes.checked_mul(cells as u64).unwrap_or(u64::MAX);
-    let off = cur.skip(len, &format!("{field} rows ({cells} cells x {row_bytes} bytes)"))?;
+    let len = row_bytes.saturating_mul(cells as u64);
+    let off = cur.skip(
+        len,
+        &format!("{field} rows ({cells} cells x {row_bytes} bytes)"),
+    )?;
     Ok((off as u64, len))
 }
 
@@ -239,7 +298,11 @@ fn row_record(cur: &mut Cursor, field: &str, cells: u32) -> Result<Record> {
             return Err(Error::format(
                 format!("{field} row_bytes"),
                 rb_off,
-                format!("a positive multiple of {} ({} block) for at most {MAX_EMBD} values", ty.block_bytes(), ty),
+                format!(
+                    "a positive multiple of {} ({} block) for at most {MAX_EMBD} values",
+                    ty.block_bytes(),
+                    ty
+                ),
                 row_bytes,
             ))
         }
@@ -271,12 +334,22 @@ fn trans_record(cur: &mut Cursor, field: &str, cells: u32) -> Result<Record> {
     let el_off = cur.pos();
     let el = cur.u32(&format!("{field} el_bytes"))?;
     if el as usize != ty.block_bytes() {
-        return Err(Error::format(format!("{field} el_bytes"), el_off, format!("{} for {ty}", ty.block_bytes()), el));
+        return Err(Error::format(
+            format!("{field} el_bytes"),
+            el_off,
+            format!("{} for {ty}", ty.block_bytes()),
+            el,
+        ));
     }
     let n_off = cur.pos();
     let n_embd = cur.u32(&format!("{field} n_embd_v_gqa"))? as u64;
     if n_embd == 0 || n_embd > MAX_EMBD {
-        return Err(Error::format(format!("{field} n_embd_v_gqa"), n_off, format!("1 to {MAX_EMBD}"), n_embd));
+        return Err(Error::format(
+            format!("{field} n_embd_v_gqa"),
+            n_off,
+            format!("1 to {MAX_EMBD}"),
+            n_embd,
+        ));
     }
     let row_bytes = n_embd * el as u64;
     let (data_offset, data_len) = rows(cur, field, row_bytes, cells)?;

@@ -52,17 +52,40 @@ pub fn walk(buf: &[u8], opts: WalkOptions) -> Result<Layout> {
     let magic = cur.u32("magic or first field")?;
     // (prefix parser, readings allowed) candidates; each one is tried in full.
     let mut candidates: Vec<(Prefix, Vec<Reading>)> = Vec::new();
-    let new = Reading { n_stream: true, ext_bytes: 12 };
-    let old = [Reading { n_stream: true, ext_bytes: 8 }, Reading { n_stream: false, ext_bytes: 8 }];
+    let new = Reading {
+        n_stream: true,
+        ext_bytes: 12,
+    };
+    let old = [
+        Reading {
+            n_stream: true,
+            ext_bytes: 8,
+        },
+        Reading {
+            n_stream: false,
+            ext_bytes: 8,
+        },
+    ];
     match magic {
         GGSQ_MAGIC | GGSN_MAGIC => {
             let ggsq = magic == GGSQ_MAGIC;
-            let (name, supported) = if ggsq { ("GGSQ", "2 and 3") } else { ("GGSN", "9 and 10") };
+            let (name, supported) = if ggsq {
+                ("GGSQ", "2 and 3")
+            } else {
+                ("GGSN", "9 and 10")
+            };
             let version = cur.u32("version")?;
             let modern = match (ggsq, version) {
                 (true, 3) | (false, 10) => true,
                 (true, 2) | (false, 9) => false,
-                _ => return Err(Error::UnsupportedVersion { container: name, offset: 4, version, supported }),
+                _ => {
+                    return Err(Error::UnsupportedVersion {
+                        container: name,
+                        offset: 4,
+                        version,
+                        supported,
+                    })
+                }
             };
             let n_off = cur.pos();
             let n_token = cur.u32("n_token")?;
@@ -70,7 +93,11 @@ pub fn walk(buf: &[u8], opts: WalkOptions) -> Result<Layout> {
             let mut regions = vec![region(0, n_off + 4, "container header", "meta")];
             regions.push(region(n_off + 4, tokens.len() * 4, "tokens", "meta"));
             let mut p = Prefix {
-                container: if ggsq { Container::Ggsq } else { Container::Ggsn },
+                container: if ggsq {
+                    Container::Ggsq
+                } else {
+                    Container::Ggsn
+                },
                 version: Some(version),
                 seq_id: None,
                 arch: None,
@@ -89,7 +116,12 @@ pub fn walk(buf: &[u8], opts: WalkOptions) -> Result<Layout> {
             let off = cur.pos();
             let seq_id = cur.i32("seq_id")?;
             if seq_id < 0 || seq_id as u32 >= MAX_SEQ {
-                return Err(Error::format("seq_id", off, format!("0 to {}", MAX_SEQ - 1), seq_id));
+                return Err(Error::format(
+                    "seq_id",
+                    off,
+                    format!("0 to {}", MAX_SEQ - 1),
+                    seq_id,
+                ));
             }
             let p = Prefix {
                 container: Container::RawSeq,
@@ -148,31 +180,56 @@ fn state_prefix(mut cur: Cursor, mut p: Prefix, with_outputs: bool) -> Result<Pr
     let off = cur.pos();
     let len = cur.u32("arch_len")?;
     if len == 0 || len > MAX_ARCH_LEN {
-        return Err(Error::format("arch_len", off, format!("1 to {MAX_ARCH_LEN}"), len));
+        return Err(Error::format(
+            "arch_len",
+            off,
+            format!("1 to {MAX_ARCH_LEN}"),
+            len,
+        ));
     }
     let name = cur.take(len as u64, "arch name")?;
-    let ok = name.iter().all(|c| c.is_ascii_alphanumeric() || b"_-.".contains(c));
+    let ok = name
+        .iter()
+        .all(|c| c.is_ascii_alphanumeric() || b"_-.".contains(c));
     if !ok {
-        return Err(Error::format("arch name", off + 4, "an architecture name ([A-Za-z0-9_.-])", String::from_utf8_lossy(name).escape_debug()));
+        return Err(Error::format(
+            "arch name",
+            off + 4,
+            "an architecture name ([A-Za-z0-9_.-])",
+            String::from_utf8_lossy(name).escape_debug(),
+        ));
     }
     p.arch = Some(String::from_utf8_lossy(name).into_owned());
-    p.regions.push(region(off, 4 + len as usize, "arch", "meta"));
+    p.regions
+        .push(region(off, 4 + len as usize, "arch", "meta"));
     if with_outputs {
         let o_off = cur.pos();
         let n_out = cur.u32("n_outputs")?;
         let output_pos = cur.i32_array(n_out as u64, &format!("output_pos ({n_out} positions)"))?;
-        p.regions.push(region(o_off, cur.pos() - o_off, "outputs", "meta"));
+        p.regions
+            .push(region(o_off, cur.pos() - o_off, "outputs", "meta"));
         let mut floats = |what_count: &'static str, what: &'static str| -> Result<(u64, u64)> {
             let c_off = cur.pos();
             let n = cur.u64(what_count)?;
             p.regions.push(region(c_off, 8, what_count, "meta"));
-            let d_off = cur.skip(n.checked_mul(4).unwrap_or(u64::MAX), &format!("{what} ({n} floats)"))?;
-            p.regions.push(region(d_off, n as usize * 4, what, "outputs"));
+            let d_off = cur.skip(
+                n.saturating_mul(4),
+                &format!("{what} ({n} floats)"),
+            )?;
+            p.regions
+                .push(region(d_off, n as usize * 4, what, "outputs"));
             Ok((d_off as u64, n))
         };
         let (logits_offset, n_logits) = floats("n_logits", "logits")?;
         let (embd_offset, n_embd) = floats("n_embeddings", "embeddings")?;
-        p.outputs = Some(Outputs { offset: o_off as u64, output_pos, logits_offset, n_logits, embd_offset, n_embd });
+        p.outputs = Some(Outputs {
+            offset: o_off as u64,
+            output_pos,
+            logits_offset,
+            n_logits,
+            embd_offset,
+            n_embd,
+        });
         p.features.push("outputs");
     }
     p.memory = cur.pos();
@@ -212,19 +269,40 @@ fn choose(
         a.1.container == b.1.container
             && a.1.memory == b.1.memory
             && a.2.n_stream == b.2.n_stream
-            && a.3.iter().all(|c| c.streams.iter().all(|s| s.cell_count == 0))
-            && b.3.iter().all(|c| c.streams.iter().all(|s| s.cell_count == 0))
+            && a.3
+                .iter()
+                .all(|c| c.streams.iter().all(|s| s.cell_count == 0))
+            && b.3
+                .iter()
+                .all(|c| c.streams.iter().all(|s| s.cell_count == 0))
     });
     match ok.len() {
-        0 => Err(err.unwrap_or_else(|| Error::format("cell extension", 0, "a reading allowed by the options", "none"))),
+        0 => Err(err.unwrap_or_else(|| {
+            Error::format(
+                "cell extension",
+                0,
+                "a reading allowed by the options",
+                "none",
+            )
+        })),
         1 => {
             let (_, p, r, caches) = ok.pop().expect("one reading");
-            let has_cells = caches.iter().any(|c| c.streams.iter().any(|s| s.cell_count > 0));
+            let has_cells = caches
+                .iter()
+                .any(|c| c.streams.iter().any(|s| s.cell_count > 0));
             let ext_bytes = if has_cells { r.ext_bytes } else { 0 };
             let mut features = p.features;
-            features.push(if r.n_stream { "n_stream" } else { "no n_stream" });
+            features.push(if r.n_stream {
+                "n_stream"
+            } else {
+                "no n_stream"
+            });
             if ext_bytes > 0 {
-                features.push(if ext_bytes == 12 { "cell ext 12" } else { "cell ext 8" });
+                features.push(if ext_bytes == 12 {
+                    "cell ext 12"
+                } else {
+                    "cell ext 8"
+                });
             }
             Ok(Layout {
                 size: buf.len() as u64,

@@ -6,7 +6,9 @@ use rayon::prelude::*;
 use crate::types::GgmlType;
 
 /// iq4_nl's value table (ggml's kvalues_iq4nl).
-pub const IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+pub const IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
 
 #[inline]
 fn h(b: &[u8], i: usize) -> f32 {
@@ -116,30 +118,100 @@ pub fn decode_rows(ty: GgmlType, src: &[u8], row_bytes: usize, n_embd: usize, ds
 /// rows of the same bytes, in parallel.
 pub fn transpose_bytes(src: &[u8], el: usize, cells: usize, n_embd: usize, dst: &mut [u8]) {
     let per = rows_per_task(n_embd);
-    dst.par_chunks_mut(per * n_embd * el).enumerate().for_each(|(t, o)| {
-        let c0 = t * per;
-        for (ci, orow) in o.chunks_exact_mut(n_embd * el).enumerate() {
-            let c = c0 + ci;
-            for j in 0..n_embd {
-                let s = (j * cells + c) * el;
-                orow[j * el..(j + 1) * el].copy_from_slice(&src[s..s + el]);
+    dst.par_chunks_mut(per * n_embd * el)
+        .enumerate()
+        .for_each(|(t, o)| {
+            let c0 = t * per;
+            for (ci, orow) in o.chunks_exact_mut(n_embd * el).enumerate() {
+                let c = c0 + ci;
+                for j in 0..n_embd {
+                    let s = (j * cells + c) * el;
+                    orow[j * el..(j + 1) * el].copy_from_slice(&src[s..s + el]);
+                }
             }
-        }
-    });
+        });
 }
 
 /// Transpose element-major float V into cell-major f32 rows, in parallel.
 pub fn decode_transposed(ty: GgmlType, src: &[u8], cells: usize, n_embd: usize, dst: &mut [f32]) {
     let el = ty.block_bytes();
     let per = rows_per_task(n_embd);
-    dst.par_chunks_mut(per * n_embd).enumerate().for_each(|(t, o)| {
-        let c0 = t * per;
-        for (ci, orow) in o.chunks_exact_mut(n_embd).enumerate() {
-            let c = c0 + ci;
-            for (j, v) in orow.iter_mut().enumerate() {
-                let s = (j * cells + c) * el;
-                decode_row(ty, &src[s..s + el], std::slice::from_mut(v));
+    dst.par_chunks_mut(per * n_embd)
+        .enumerate()
+        .for_each(|(t, o)| {
+            let c0 = t * per;
+            for (ci, orow) in o.chunks_exact_mut(n_embd).enumerate() {
+                let c = c0 + ci;
+                for (j, v) in orow.iter_mut().enumerate() {
+                    let s = (j * cells + c) * el;
+                    decode_row(ty, &src[s..s + el], std::slice::from_mut(v));
+                }
             }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f16b(x: f32) -> [u8; 2] {
+        f16::from_f32(x).to_bits().to_le_bytes()
+    }
+
+    #[test]
+    fn q8_0_block() {
+        let mut b = vec![];
+        b.extend(f16b(0.5));
+        b.extend((0..32).map(|i| (i as i8 - 16) as u8));
+        let mut out = [0f32; 32];
+        decode_row(GgmlType::Q8_0, &b, &mut out);
+        for (i, v) in out.iter().enumerate() {
+            assert_eq!(*v, (i as f32 - 16.0) * 0.5);
         }
-    });
+    }
+
+    #[test]
+    fn q4_0_and_iq4_nl_nibbles() {
+        let mut b = vec![];
+        b.extend(f16b(2.0));
+        b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let mut out = [0f32; 32];
+        decode_row(GgmlType::Q4_0, &b, &mut out);
+        for j in 0..16 {
+            assert_eq!(out[j], (j as f32 - 8.0) * 2.0);
+            assert_eq!(out[j + 16], (15.0 - j as f32 - 8.0) * 2.0);
+        }
+        decode_row(GgmlType::Iq4Nl, &b, &mut out);
+        for j in 0..16 {
+            assert_eq!(out[j], IQ4NL[j] as f32 * 2.0);
+            assert_eq!(out[j + 16], IQ4NL[15 - j] as f32 * 2.0);
+        }
+    }
+
+    #[test]
+    fn q5_1_high_bits_and_min() {
+        let mut b = vec![];
+        b.extend(f16b(1.0));
+        b.extend(f16b(-3.0));
+        b.extend(0x8000_0001u32.to_le_bytes()); // value 0 and value 31 get bit 4
+        b.extend([0u8; 16]);
+        let mut out = [0f32; 32];
+        decode_row(GgmlType::Q5_1, &b, &mut out);
+        assert_eq!(out[0], 16.0 - 3.0);
+        assert_eq!(out[31], 16.0 - 3.0);
+        assert_eq!(out[1], -3.0);
+    }
+
+    #[test]
+    fn bf16_and_transpose() {
+        let vals = [1.5f32, -2.25, 3.0, 0.125, 7.0, -1.0];
+        let src: Vec<u8> = vals
+            .iter()
+            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+            .collect();
+        // element-major: 2 elements x 3 cells
+        let mut out = [0f32; 6];
+        decode_transposed(GgmlType::Bf16, &src, 3, 2, &mut out);
+        assert_eq!(out, [1.5, 0.125, -2.25, 7.0, 3.0, -1.0]);
+    }
 }

@@ -149,24 +149,71 @@ impl Layout {
                 ty: None,
             };
             if cache.has_n_stream {
-                out.push(Region { offset: cache.offset, nbytes: 4, what: "cache header", ..base.clone() });
+                out.push(Region {
+                    offset: cache.offset,
+                    nbytes: 4,
+                    what: "cache header",
+                    ..base.clone()
+                });
             }
             for s in &cache.streams {
-                let sb = Region { stream: Some(s.index), ..base.clone() };
-                out.push(Region { offset: s.offset, nbytes: 4, what: "stream header", ..sb.clone() });
+                let sb = Region {
+                    stream: Some(s.index),
+                    ..base.clone()
+                };
+                out.push(Region {
+                    offset: s.offset,
+                    nbytes: 4,
+                    what: "stream header",
+                    ..sb.clone()
+                });
                 if s.cell_count == 0 {
                     continue;
                 }
-                out.push(Region { offset: s.meta_offset, nbytes: s.meta_len, what: "cell meta", ..sb.clone() });
-                out.push(Region { offset: s.layer_header_offset, nbytes: 8, what: "layer header", ..sb.clone() });
+                out.push(Region {
+                    offset: s.meta_offset,
+                    nbytes: s.meta_len,
+                    what: "cell meta",
+                    ..sb.clone()
+                });
+                out.push(Region {
+                    offset: s.layer_header_offset,
+                    nbytes: 8,
+                    what: "layer header",
+                    ..sb.clone()
+                });
                 for kind in ["k", "v"] {
                     for (li, layer) in s.layers.iter().enumerate() {
-                        let rec = if kind == "k" { Some(&layer.k) } else { layer.v.as_ref() };
+                        let rec = if kind == "k" {
+                            Some(&layer.k)
+                        } else {
+                            layer.v.as_ref()
+                        };
                         let Some(rec) = rec else { continue };
-                        let rb = Region { kind: Some(kind), layer: Some(li as u32), ty: Some(rec.ty), ..sb.clone() };
-                        let (hw, rw) = if kind == "k" { ("k header", "k rows") } else { ("v header", "v rows") };
-                        out.push(Region { offset: rec.header_offset, nbytes: rec.header_len, what: hw, ..rb.clone() });
-                        out.push(Region { offset: rec.data_offset, nbytes: rec.data_len, what: rw, role: "rows", ..rb });
+                        let rb = Region {
+                            kind: Some(kind),
+                            layer: Some(li as u32),
+                            ty: Some(rec.ty),
+                            ..sb.clone()
+                        };
+                        let (hw, rw) = if kind == "k" {
+                            ("k header", "k rows")
+                        } else {
+                            ("v header", "v rows")
+                        };
+                        out.push(Region {
+                            offset: rec.header_offset,
+                            nbytes: rec.header_len,
+                            what: hw,
+                            ..rb.clone()
+                        });
+                        out.push(Region {
+                            offset: rec.data_offset,
+                            nbytes: rec.data_len,
+                            what: rw,
+                            role: "rows",
+                            ..rb
+                        });
                     }
                 }
             }

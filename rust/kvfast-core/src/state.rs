@@ -39,7 +39,9 @@ impl StateFile {
         let file = File::open(path)?;
         let meta = file.metadata()?;
         if meta.is_dir() {
-            return Err(std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory").into());
+            return Err(
+                std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory").into(),
+            );
         }
         let len = meta.len();
         let data = if len == 0 {
@@ -58,7 +60,10 @@ impl StateFile {
 
     fn from_data(data: Data, opts: WalkOptions) -> Result<Self> {
         let layout = walk(&data, opts)?;
-        Ok(StateFile { data: Arc::new(data), layout })
+        Ok(StateFile {
+            data: Arc::new(data),
+            layout,
+        })
     }
 
     pub fn bytes(&self) -> &[u8] {

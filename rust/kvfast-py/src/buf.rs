@@ -26,7 +26,11 @@ impl Buf {
         self.data.as_ptr() as usize
     }
 
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
         if view.is_null() {
             return Err(PyBufferError::new_err("view is null"));
         }
@@ -50,9 +54,16 @@ impl Buf {
                 ptr::null_mut()
             };
             (*view).ndim = 1;
-            (*view).shape = if (flags & ffi::PyBUF_ND) == ffi::PyBUF_ND { &mut (*view).len } else { ptr::null_mut() };
-            (*view).strides =
-                if (flags & ffi::PyBUF_STRIDES) == ffi::PyBUF_STRIDES { &mut (*view).itemsize } else { ptr::null_mut() };
+            (*view).shape = if (flags & ffi::PyBUF_ND) == ffi::PyBUF_ND {
+                &mut (*view).len
+            } else {
+                ptr::null_mut()
+            };
+            (*view).strides = if (flags & ffi::PyBUF_STRIDES) == ffi::PyBUF_STRIDES {
+                &mut (*view).itemsize
+            } else {
+                ptr::null_mut()
+            };
             (*view).suboffsets = ptr::null_mut();
             (*view).internal = ptr::null_mut();
         }
@@ -64,5 +75,7 @@ impl Buf {
 
 /// Little-endian i32 values as a buffer.
 pub fn i32s(v: &[i32]) -> Buf {
-    Buf { data: Buffer::from_vec(v.to_vec()) }
+    Buf {
+        data: Buffer::from_vec(v.to_vec()),
+    }
 }

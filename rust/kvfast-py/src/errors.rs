@@ -5,11 +5,36 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
-create_exception!(_kvfast, KvfastError, PyException, "Base class of every kvfast error.");
-create_exception!(_kvfast, FormatError, KvfastError, "The bytes are not a valid llama.cpp state.");
-create_exception!(_kvfast, TruncatedError, FormatError, "The bytes end before a field does.");
-create_exception!(_kvfast, AmbiguousError, FormatError, "More than one reading of the bytes parses.");
-create_exception!(_kvfast, UnsupportedVersionError, KvfastError, "A container version kvfast does not read.");
+create_exception!(
+    _kvfast,
+    KvfastError,
+    PyException,
+    "Base class of every kvfast error."
+);
+create_exception!(
+    _kvfast,
+    FormatError,
+    KvfastError,
+    "The bytes are not a valid llama.cpp state."
+);
+create_exception!(
+    _kvfast,
+    TruncatedError,
+    FormatError,
+    "The bytes end before a field does."
+);
+create_exception!(
+    _kvfast,
+    AmbiguousError,
+    FormatError,
+    "More than one reading of the bytes parses."
+);
+create_exception!(
+    _kvfast,
+    UnsupportedVersionError,
+    KvfastError,
+    "A container version kvfast does not read."
+);
 
 /// Convert a core error; I/O errors stay `OSError` (and its subclasses).
 pub fn to_py(e: Error) -> PyErr {
@@ -44,6 +69,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FormatError", py.get_type::<FormatError>())?;
     m.add("TruncatedError", py.get_type::<TruncatedError>())?;
     m.add("AmbiguousError", py.get_type::<AmbiguousError>())?;
-    m.add("UnsupportedVersionError", py.get_type::<UnsupportedVersionError>())?;
+    m.add(
+        "UnsupportedVersionError",
+        py.get_type::<UnsupportedVersionError>(),
+    )?;
     Ok(())
 }

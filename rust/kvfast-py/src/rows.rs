@@ -53,7 +53,8 @@ pub fn record_rows(sf: &StateFile, rec: &Record, cells: usize, dtype: Dtype) -> 
     let out = out_type(rec.ty, dtype);
     let src = &sf.bytes()[rec.data_offset as usize..(rec.data_offset + rec.data_len) as usize];
     let n_embd = rec.n_embd as usize;
-    let stored = (rec.ty == GgmlType::F16 && out == Out::F16) || (rec.ty == GgmlType::F32 && out == Out::F32);
+    let stored = (rec.ty == GgmlType::F16 && out == Out::F16)
+        || (rec.ty == GgmlType::F32 && out == Out::F32);
     let (buf, zero_copy) = if stored && !rec.transposed {
         if src.is_empty() || (src.as_ptr() as usize) % out.size() != 0 {
             // Not aligned for the value type (or nothing to view): copy into aligned memory.
@@ -62,7 +63,10 @@ pub fn record_rows(sf: &StateFile, rec: &Record, cells: usize, dtype: Dtype) -> 
             let ptr = NonNull::new(src.as_ptr() as *mut u8).expect("mapped bytes are not null");
             let owner: Arc<dyn arrow_buffer::alloc::Allocation> = sf.data.clone();
             // SAFETY: `ptr..ptr+len` lies inside the map, which `owner` keeps alive and unchanged.
-            (unsafe { Buffer::from_custom_allocation(ptr, src.len(), owner) }, true)
+            (
+                unsafe { Buffer::from_custom_allocation(ptr, src.len(), owner) },
+                true,
+            )
         }
     } else if stored {
         let mut m = MutableBuffer::from_len_zeroed(src.len());
@@ -77,5 +81,11 @@ pub fn record_rows(sf: &StateFile, rec: &Record, cells: usize, dtype: Dtype) -> 
         }
         (Buffer::from_vec(v), false)
     };
-    Rows { buf, out, n_embd, cells, zero_copy }
+    Rows {
+        buf,
+        out,
+        n_embd,
+        cells,
+        zero_copy,
+    }
 }

@@ -22,7 +22,9 @@ fn parse_dtype(dtype: Option<&str>) -> PyResult<Dtype> {
     match dtype {
         None => Ok(Dtype::Stored),
         Some("float32") | Some("f32") => Ok(Dtype::F32),
-        Some(d) => Err(value_error(format!("dtype must be None or 'float32', not {d:?}"))),
+        Some(d) => Err(value_error(format!(
+            "dtype must be None or 'float32', not {d:?}"
+        ))),
     }
 }
 
@@ -30,7 +32,9 @@ fn parse_kind(kind: &str) -> PyResult<&'static str> {
     match kind {
         "k" | "K" => Ok("k"),
         "v" | "V" => Ok("v"),
-        _ => Err(value_error(format!("kind must be 'k' or 'v', not {kind:?}"))),
+        _ => Err(value_error(format!(
+            "kind must be 'k' or 'v', not {kind:?}"
+        ))),
     }
 }
 
@@ -43,16 +47,33 @@ impl State {
             .ok_or_else(|| value_error("the state is closed"))
     }
 
-    fn record<'a>(sf: &'a StateFile, cache: usize, stream: usize, layer: usize, kind: &str) -> PyResult<&'a Record> {
-        let c = sf.layout.caches.get(cache).ok_or_else(|| value_error(format!("no cache {cache}")))?;
-        let s = c.streams.get(stream).ok_or_else(|| value_error(format!("cache {cache} has no stream {stream}")))?;
+    fn record<'a>(
+        sf: &'a StateFile,
+        cache: usize,
+        stream: usize,
+        layer: usize,
+        kind: &str,
+    ) -> PyResult<&'a Record> {
+        let c = sf
+            .layout
+            .caches
+            .get(cache)
+            .ok_or_else(|| value_error(format!("no cache {cache}")))?;
+        let s = c
+            .streams
+            .get(stream)
+            .ok_or_else(|| value_error(format!("cache {cache} has no stream {stream}")))?;
         let l = s.layers.get(layer).ok_or_else(|| {
-            value_error(format!("cache {cache} stream {stream} has {} layers, no layer {layer}", s.layers.len()))
+            value_error(format!(
+                "cache {cache} stream {stream} has {} layers, no layer {layer}",
+                s.layers.len()
+            ))
         })?;
         if parse_kind(kind)? == "k" {
             Ok(&l.k)
         } else {
-            l.v.as_ref().ok_or_else(|| value_error(format!("layer {layer} has no V record")))
+            l.v.as_ref()
+                .ok_or_else(|| value_error(format!("layer {layer} has no V record")))
         }
     }
 }
@@ -66,16 +87,24 @@ impl State {
     #[new]
     #[pyo3(signature = (path, cell_ext=None))]
     fn new(py: Python<'_>, path: PathBuf, cell_ext: Option<bool>) -> PyResult<Self> {
-        let sf = py.detach(|| StateFile::open(&path, WalkOptions { cell_ext })).map_err(to_py)?;
-        Ok(State { inner: RwLock::new(Some(Arc::new(sf))) })
+        let sf = py
+            .detach(|| StateFile::open(&path, WalkOptions { cell_ext }))
+            .map_err(to_py)?;
+        Ok(State {
+            inner: RwLock::new(Some(Arc::new(sf))),
+        })
     }
 
     /// Walk state bytes held in memory.
     #[staticmethod]
     #[pyo3(signature = (data, cell_ext=None))]
     fn from_bytes(py: Python<'_>, data: Vec<u8>, cell_ext: Option<bool>) -> PyResult<Self> {
-        let sf = py.detach(|| StateFile::from_bytes(data, WalkOptions { cell_ext })).map_err(to_py)?;
-        Ok(State { inner: RwLock::new(Some(Arc::new(sf))) })
+        let sf = py
+            .detach(|| StateFile::from_bytes(data, WalkOptions { cell_ext }))
+            .map_err(to_py)?;
+        Ok(State {
+            inner: RwLock::new(Some(Arc::new(sf))),
+        })
     }
 
     fn close(&self) {
@@ -117,9 +146,13 @@ impl State {
     /// `n` f32 values starting at byte `offset` (logits, embeddings), copied.
     fn floats_at(&self, offset: u64, n: u64) -> PyResult<Buf> {
         let sf = self.get()?;
-        let end = offset.checked_add(n.saturating_mul(4)).filter(|e| *e <= sf.layout.size);
+        let end = offset
+            .checked_add(n.saturating_mul(4))
+            .filter(|e| *e <= sf.layout.size);
         let end = end.ok_or_else(|| value_error("range outside the state"))?;
-        Ok(Buf { data: arrow_buffer::Buffer::from(&sf.bytes()[offset as usize..end as usize]) })
+        Ok(Buf {
+            data: arrow_buffer::Buffer::from(&sf.bytes()[offset as usize..end as usize]),
+        })
     }
 
     /// Caches as lists of stream dicts (metadata arrays as little-endian i32 buffers).
@@ -183,7 +216,10 @@ impl State {
         d.set_item("stream", rs.iter().map(|r| r.stream).collect::<Vec<_>>())?;
         d.set_item("kind", rs.iter().map(|r| r.kind).collect::<Vec<_>>())?;
         d.set_item("layer", rs.iter().map(|r| r.layer).collect::<Vec<_>>())?;
-        d.set_item("type", rs.iter().map(|r| type_name(r.ty)).collect::<Vec<_>>())?;
+        d.set_item(
+            "type",
+            rs.iter().map(|r| type_name(r.ty)).collect::<Vec<_>>(),
+        )?;
         Ok(d)
     }
 
@@ -203,7 +239,11 @@ impl State {
         let rec = Self::record(&sf, cache, stream, layer, kind)?.clone();
         let cells = sf.layout.caches[cache].streams[stream].cell_count as usize;
         let r = py.detach(|| record_rows(&sf, &rec, cells, dtype));
-        let name = if r.out == Out::F16 { "float16" } else { "float32" };
+        let name = if r.out == Out::F16 {
+            "float16"
+        } else {
+            "float32"
+        };
         Ok((Buf { data: r.buf }, name, r.n_embd, r.cells, r.zero_copy))
     }
 
@@ -226,9 +266,19 @@ impl State {
             None => vec!["k", "v"],
             Some(ks) => ks.iter().map(|k| parse_kind(k)).collect::<PyResult<_>>()?,
         };
-        let sel = Selection { caches, layers, kinds, heads, dtype: parse_dtype(dtype)?, head_dim_k, head_dim_v };
+        let sel = Selection {
+            caches,
+            layers,
+            kinds,
+            heads,
+            dtype: parse_dtype(dtype)?,
+            head_dim_k,
+            head_dim_v,
+        };
         let seq_default = sf.layout.seq_id;
-        let (schema, batches) = py.detach(|| batches(&sf, &sel, seq_default)).map_err(value_error)?;
+        let (schema, batches) = py
+            .detach(|| batches(&sf, &sel, seq_default))
+            .map_err(value_error)?;
         Ok(ArrowStream { schema, batches })
     }
 }

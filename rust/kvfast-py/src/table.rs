@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, FixedSizeListArray, Float16Array, Float32Array, Int32Array, RecordBatch, StringArray};
+use arrow_array::{
+    ArrayRef, FixedSizeListArray, Float16Array, Float32Array, Int32Array, RecordBatch, StringArray,
+};
 use arrow_buffer::{Buffer, MutableBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use kvfast_core::{Record, StateFile, Stream};
@@ -45,7 +47,11 @@ fn head_dim(rec: &Record, given: Option<u64>, kind: &str, layer: u32) -> Result<
 pub fn schema(out: Out, head_dim: usize) -> SchemaRef {
     let item = Arc::new(Field::new(
         "item",
-        if out == Out::F16 { DataType::Float16 } else { DataType::Float32 },
+        if out == Out::F16 {
+            DataType::Float16
+        } else {
+            DataType::Float32
+        },
         false,
     ));
     let i32f = |n: &str, null: bool| Field::new(n, DataType::Int32, null);
@@ -58,7 +64,11 @@ pub fn schema(out: Out, head_dim: usize) -> SchemaRef {
         i32f("pos", false),
         i32f("seq_id", true),
         i32f("head", false),
-        Field::new("values", DataType::FixedSizeList(item, head_dim as i32), false),
+        Field::new(
+            "values",
+            DataType::FixedSizeList(item, head_dim as i32),
+            false,
+        ),
     ]))
 }
 
@@ -73,7 +83,11 @@ pub fn plan_schema(sf: &StateFile, sel: &Selection) -> Result<(SchemaRef, usize)
         ));
     }
     let hd = dims.into_iter().next().unwrap_or(1);
-    let out = if !jobs.is_empty() && jobs.iter().all(|j| out_type(j.rec.ty, sel.dtype) == Out::F16) {
+    let out = if !jobs.is_empty()
+        && jobs
+            .iter()
+            .all(|j| out_type(j.rec.ty, sel.dtype) == Out::F16)
+    {
         Out::F16
     } else {
         Out::F32
@@ -95,16 +109,29 @@ fn jobs<'a>(sf: &'a StateFile, sel: &Selection) -> Result<Vec<Job<'a>>, String> 
                     if sel.layers.as_ref().is_some_and(|l| !l.contains(&li)) {
                         continue;
                     }
-                    let (rec, given) = if *kind == "k" { (Some(&layer.k), sel.head_dim_k) } else { (layer.v.as_ref(), sel.head_dim_v) };
+                    let (rec, given) = if *kind == "k" {
+                        (Some(&layer.k), sel.head_dim_k)
+                    } else {
+                        (layer.v.as_ref(), sel.head_dim_v)
+                    };
                     let Some(rec) = rec else { continue };
                     let head_dim = head_dim(rec, given, kind, li)?;
                     if let Some(hs) = &sel.heads {
                         let n = rec.n_embd as usize / head_dim;
                         if let Some(h) = hs.iter().find(|h| **h as usize >= n) {
-                            return Err(format!("head {h} out of range: layer {li} {kind} has {n} heads"));
+                            return Err(format!(
+                                "head {h} out of range: layer {li} {kind} has {n} heads"
+                            ));
                         }
                     }
-                    out.push(Job { cache: ci, stream, layer: li, kind, rec, head_dim });
+                    out.push(Job {
+                        cache: ci,
+                        stream,
+                        layer: li,
+                        kind,
+                        rec,
+                        head_dim,
+                    });
                 }
             }
         }
@@ -113,19 +140,37 @@ fn jobs<'a>(sf: &'a StateFile, sel: &Selection) -> Result<Vec<Job<'a>>, String> 
 }
 
 /// Build every selected batch (decoding in parallel inside each record).
-pub fn batches(sf: &StateFile, sel: &Selection, seq_default: Option<i32>) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
+pub fn batches(
+    sf: &StateFile,
+    sel: &Selection,
+    seq_default: Option<i32>,
+) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
     let (schema, _) = plan_schema(sf, sel)?;
-    let DataType::FixedSizeList(_, hd) = schema.field(8).data_type() else { unreachable!() };
-    let want = if matches!(schema.field(8).data_type(), DataType::FixedSizeList(f, _) if f.data_type() == &DataType::Float16) {
+    let DataType::FixedSizeList(_, hd) = schema.field(8).data_type() else {
+        unreachable!()
+    };
+    let want = if matches!(schema.field(8).data_type(), DataType::FixedSizeList(f, _) if f.data_type() == &DataType::Float16)
+    {
         Out::F16
     } else {
         Out::F32
     };
-    let dtype = if want == Out::F16 { sel.dtype } else { Dtype::F32 };
+    let dtype = if want == Out::F16 {
+        sel.dtype
+    } else {
+        Dtype::F32
+    };
     let mut out = Vec::new();
     for job in jobs(sf, sel)? {
         let rows = record_rows(sf, job.rec, job.stream.cell_count as usize, dtype);
-        out.push(batch(&schema, &job, rows, sel.heads.as_deref(), seq_default, *hd as usize)?);
+        out.push(batch(
+            &schema,
+            &job,
+            rows,
+            sel.heads.as_deref(),
+            seq_default,
+            *hd as usize,
+        )?);
     }
     Ok((schema, out))
 }
@@ -169,11 +214,20 @@ fn batch(
         Buffer::from(m)
     };
     let values: ArrayRef = match rows.out {
-        Out::F16 => Arc::new(Float16Array::new(ScalarBuffer::new(values_buf, 0, n * hd), None)),
-        Out::F32 => Arc::new(Float32Array::new(ScalarBuffer::new(values_buf, 0, n * hd), None)),
+        Out::F16 => Arc::new(Float16Array::new(
+            ScalarBuffer::new(values_buf, 0, n * hd),
+            None,
+        )),
+        Out::F32 => Arc::new(Float32Array::new(
+            ScalarBuffer::new(values_buf, 0, n * hd),
+            None,
+        )),
     };
-    let DataType::FixedSizeList(item, _) = schema.field(8).data_type() else { unreachable!() };
-    let list = FixedSizeListArray::try_new(item.clone(), hd as i32, values, None).map_err(|e| e.to_string())?;
+    let DataType::FixedSizeList(item, _) = schema.field(8).data_type() else {
+        unreachable!()
+    };
+    let list = FixedSizeListArray::try_new(item.clone(), hd as i32, values, None)
+        .map_err(|e| e.to_string())?;
     let constant = |v: i32| Arc::new(Int32Array::from(vec![v; n])) as ArrayRef;
     let mut cell = Vec::with_capacity(n);
     let mut pos = Vec::with_capacity(n);

@@ -1,0 +1,45 @@
+# kvfast: every set-up step lives here; .ci/run calls `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: demo install test test-rust test-python lint fmt bench clean
+
+# Install kvfast and print the structure of the bundled sample state.
+demo: install
+	$(VENV)/bin/kvfast info
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# Build the extension (release) and install it with its test tools.
+install: $(PY)
+	$(PIP) install -q '.[test]'
+
+# The whole test suite: Rust unit tests, lint and type checks, Python tests.
+test: install test-rust lint test-python
+
+test-rust:
+	cargo test -p kvfast-core
+
+test-python:
+	cd tests && ../$(PY) -m pytest -q ..
+
+lint:
+	cargo fmt --check
+	cargo clippy --all-targets -q -- -D warnings
+	$(VENV)/bin/ruff check python tests benches
+	$(VENV)/bin/ruff format --check python tests benches
+	$(VENV)/bin/mypy
+	cd tests && ../$(PY) -m mypy.stubtest kvfast._kvfast --allowlist stubtest-allowlist.txt
+
+fmt:
+	cargo fmt
+	$(VENV)/bin/ruff format python tests benches
+
+bench: install
+	$(PY) benches/bench_values.py
+
+clean:
+	rm -rf $(VENV) target

@@ -1,0 +1,69 @@
+"""Stubs of the Rust extension (checked against the built module by `make lint`)."""
+
+from os import PathLike
+from typing import Any, final
+
+__version__: str
+__all__ = [
+    "AmbiguousError",
+    "ArrowStream",
+    "Buf",
+    "FormatError",
+    "KvfastError",
+    "State",
+    "TruncatedError",
+    "UnsupportedVersionError",
+    "__version__",
+]
+
+class KvfastError(Exception):
+    offset: int | None
+    field: str | None
+    kind: str
+
+class FormatError(KvfastError): ...
+class TruncatedError(FormatError): ...
+class AmbiguousError(FormatError): ...
+class UnsupportedVersionError(KvfastError): ...
+
+@final
+class Buf:
+    def __len__(self) -> int: ...
+    @property
+    def address(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+@final
+class ArrowStream:
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object: ...
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def num_batches(self) -> int: ...
+
+@final
+class State:
+    def __new__(cls, path: str | PathLike[str], cell_ext: bool | None = None) -> State: ...
+    @staticmethod
+    def from_bytes(data: bytes, cell_ext: bool | None = None) -> State: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def info(self) -> dict[str, Any]: ...
+    def floats_at(self, offset: int, n: int) -> Buf: ...
+    def caches(self) -> list[dict[str, Any]]: ...
+    def regions(self) -> dict[str, list[Any]]: ...
+    def rows(
+        self, cache: int, stream: int, layer: int, kind: str, dtype: str | None = None
+    ) -> tuple[Buf, str, int, int, bool]: ...
+    def table(
+        self,
+        caches: list[int] | None = None,
+        layers: list[int] | None = None,
+        kinds: list[str] | None = None,
+        heads: list[int] | None = None,
+        dtype: str | None = None,
+        head_dim_k: int | None = None,
+        head_dim_v: int | None = None,
+    ) -> ArrowStream: ...
