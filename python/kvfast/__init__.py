@@ -8,15 +8,18 @@
 from importlib.resources import files
 
 from kvfast._kvfast import __version__
-from kvfast.dump import Cache, Dump, Layer, Stream, open
+from kvfast.dump import Dump, open
 from kvfast.errors import (
     AmbiguousError,
     ClosedError,
     FormatError,
     KvfastError,
+    ModelMismatchError,
     TruncatedError,
     UnsupportedVersionError,
 )
+from kvfast.model import ModelGeometry
+from kvfast.structure import Cache, Layer, Stream
 
 
 def sample_path() -> str:
@@ -32,6 +35,8 @@ __all__ = [
     "FormatError",
     "KvfastError",
     "Layer",
+    "ModelGeometry",
+    "ModelMismatchError",
     "Stream",
     "TruncatedError",
     "UnsupportedVersionError",

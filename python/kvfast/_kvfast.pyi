@@ -14,6 +14,7 @@ __all__ = [
     "TruncatedError",
     "UnsupportedVersionError",
     "__version__",
+    "gguf_metadata",
 ]
 
 class KvfastError(Exception):
@@ -66,4 +67,7 @@ class State:
         dtype: str | None = None,
         head_dim_k: int | None = None,
         head_dim_v: int | None = None,
+        model_layers: list[list[int]] | None = None,
     ) -> ArrowStream: ...
+
+def gguf_metadata(path: str | PathLike[str]) -> dict[str, Any]: ...

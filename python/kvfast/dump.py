@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -12,90 +11,18 @@ import numpy as np
 import numpy.typing as npt
 
 from kvfast import _kvfast
-from kvfast.errors import ClosedError
+from kvfast.address import Where, file_offset, locate, tensor_offset
+from kvfast.errors import ClosedError, ModelMismatchError
+from kvfast.model import ModelGeometry
+from kvfast.structure import _LAYER_KEYS, Cache, Stream, _build_caches, _i32
 
 if TYPE_CHECKING:
     import polars as pl
     import pyarrow as pa
 
 
-@dataclass(frozen=True)
-class Layer:
-    """One layer of a stream: its K record and (unless the model has none) its V record."""
-
-    index: int
-    k_type: str
-    v_type: str | None
-    n_embd_k: int
-    n_embd_v: int | None
-    k_offset: int
-    v_offset: int | None
-    k_nbytes: int
-    v_nbytes: int | None
-    k_row_bytes: int
-    v_row_bytes: int | None
-
-
-@dataclass(frozen=True)
-class Stream:
-    """One stream of a cache: its occupied cells and one K and V record per layer."""
-
-    index: int
-    offset: int
-    cell_count: int
-    pos: npt.NDArray[np.int32]
-    seq_ids: list[list[int]]
-    ext: npt.NDArray[np.int32] | None
-    v_trans: bool
-    layers: list[Layer] = field(repr=False)
-
-
-@dataclass(frozen=True)
-class Cache:
-    """One KV cache (an iSWA model writes two: full-attention layers, then sliding-window ones)."""
-
-    index: int
-    offset: int
-    streams: list[Stream]
-
-    @property
-    def n_layer(self) -> int:
-        return max((len(s.layers) for s in self.streams), default=0)
-
-
-def _i32(buf: _kvfast.Buf) -> npt.NDArray[np.int32]:
-    return np.frombuffer(memoryview(buf), dtype="<i4").astype(np.int32)
-
-
-def _build_caches(raw: list[dict[str, Any]]) -> list[Cache]:
-    caches = []
-    for ci, c in enumerate(raw):
-        streams = []
-        for s in c["streams"]:
-            starts = _i32(s["seq_start"])
-            ids = _i32(s["seq_ids"]).tolist()
-            seq_ids = [ids[starts[i] : starts[i + 1]] for i in range(len(starts) - 1)]
-            ext = None
-            if s["ext"] is not None:
-                ext = _i32(s["ext"]).reshape(-1, s["ext_width"])
-            layers = [Layer(index=li, **ld) for li, ld in enumerate(s["layers"])]
-            streams.append(
-                Stream(
-                    index=s["index"],
-                    offset=s["offset"],
-                    cell_count=s["cell_count"],
-                    pos=_i32(s["pos"]),
-                    seq_ids=seq_ids,
-                    ext=ext,
-                    v_trans=s["v_trans"],
-                    layers=layers,
-                )
-            )
-        caches.append(Cache(index=ci, offset=c["offset"], streams=streams))
-    return caches
-
-
-_LAYER_KEYS = tuple(Layer.__dataclass_fields__)
+def _n_layer(cache: dict[str, Any]) -> int:
+    return max((len(s["layers"]) for s in cache["streams"]), default=0)
 
 
 class Dump:
@@ -106,18 +33,56 @@ class Dump:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, head_dim: int | None = None, cell_ext: bool | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        head_dim: int | None = None,
+        model: str | os.PathLike[str] | ModelGeometry | None = None,
+        cell_ext: bool | None = None,
     ) -> None:
         self.path = os.fspath(path)
+        if model is not None and not isinstance(model, ModelGeometry):
+            model = ModelGeometry.from_gguf(model)
+        self.model: ModelGeometry | None = model
         self._state: _kvfast.State | None = _kvfast.State(self.path, cell_ext=cell_ext)
         info = self._state.info()
         self._info = info
         raw = self._state.caches()
         for c in raw:
             for s in c["streams"]:
-                s["layers"] = [{k: ld[k] for k in _LAYER_KEYS if k != "index"} for ld in s["layers"]]
+                s["layers"] = [
+                    {k: ld[k] for k in _LAYER_KEYS if k not in ("index", "model_layer")} for ld in s["layers"]
+                ]
+        self._model_layers: list[list[int]] | None = None
+        self.head_dim_k = self.head_dim_v = head_dim
+        if model is not None:
+            self._model_layers = model.model_layers([_n_layer(c) for c in raw])
+            self._check_model(model, raw, head_dim)
+            self.head_dim_k, self.head_dim_v = model.head_dim_k, model.head_dim_v
+        elif len(raw) == 1:
+            self._model_layers = [list(range(_n_layer(raw[0])))]
+        for ci, c_raw in enumerate(raw):
+            for s in c_raw["streams"]:
+                for li, ld in enumerate(s["layers"]):
+                    ld["model_layer"] = None if self._model_layers is None else self._model_layers[ci][li]
         self._caches = _build_caches(raw)
-        self.head_dim = head_dim
+
+    def _check_model(self, model: ModelGeometry, raw: list[dict[str, Any]], head_dim: int | None) -> None:
+        if head_dim is not None and head_dim != model.head_dim_k:
+            raise ModelMismatchError(f"head_dim={head_dim} but the model's key_length is {model.head_dim_k}")
+        assert self._model_layers is not None
+        for c, c_raw in enumerate(raw):
+            for s in c_raw["streams"]:
+                for li, ld in enumerate(s["layers"]):
+                    ml = self._model_layers[c][li]
+                    n = model.n_head_kv[ml]
+                    for kind, dim in (("k", model.head_dim_k), ("v", model.head_dim_v)):
+                        have = ld[f"n_embd_{kind}"]
+                        if have is not None and have != n * dim:
+                            raise ModelMismatchError(
+                                f"model layer {ml}: the model has {n} KV heads x {dim} = {n * dim} values"
+                                f" per {kind.upper()} row, the state has {have}"
+                            )
 
     # -- lifecycle -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -241,6 +206,54 @@ class Dump:
         """Bytes of logits and embeddings (GGSN 9)."""
         return int(self._get("output_bytes"))
 
+    # -- addresses -------------------------------------------------------------------------------
+    def _where(
+        self, layer: int, cell: int, head: int, elem: int, kind: str, cache: int, stream: int | None
+    ) -> tuple[Stream, Where]:
+        caches = self.caches
+        if not 0 <= cache < len(caches):
+            raise ValueError(f"no cache {cache}: the state has {len(caches)}")
+        streams = caches[cache].streams
+        s = streams[stream] if stream is not None else next((x for x in streams if x.cell_count), streams[0])
+        hd = self.head_dim_k if kind == "k" else self.head_dim_v
+        return s, locate(s, layer, cell, head, elem, kind, hd)
+
+    def address(
+        self,
+        layer: int,
+        cell: int,
+        head: int = 0,
+        elem: int = 0,
+        kind: str = "k",
+        cache: int = 0,
+        stream: int | None = None,
+    ) -> int:
+        """Byte offset in the file of one value (for 4- and 5-bit types: the byte of its low bits)."""
+        s, w = self._where(layer, cell, head, elem, kind, cache, stream)
+        ly = s.layers[layer]
+        off = ly.k_offset if kind == "k" else ly.v_offset
+        assert off is not None
+        return file_offset(w, off)
+
+    def tensor_address(
+        self,
+        layer: int,
+        cell: int,
+        head: int = 0,
+        elem: int = 0,
+        kind: str = "k",
+        *,
+        n_ctx: int,
+        n_stream: int = 1,
+        cache: int = 0,
+        stream: int | None = None,
+    ) -> int:
+        """Byte offset of the same value from the start of llama.cpp's live K (or V) tensor of that
+        layer, shaped [values per row, n_ctx / n_stream cells, n_stream]; the i-th cell written is
+        taken to be cell i of the live cache (true after decoding into a fresh context)."""
+        s, w = self._where(layer, cell, head, elem, kind, cache, stream)
+        return tensor_offset(w, n_ctx, n_stream, s.index)
+
     # -- tables --------------------------------------------------------------------------------
     def layout(self) -> pl.DataFrame:
         """One row per region of the file, in file order; the regions tile the file exactly.
@@ -299,8 +312,9 @@ class Dump:
             kinds=None if kinds is None else list(kinds),
             heads=None if heads is None else list(heads),
             dtype=dtype,
-            head_dim_k=self.head_dim,
-            head_dim_v=self.head_dim,
+            head_dim_k=self.head_dim_k,
+            head_dim_v=self.head_dim_v,
+            model_layers=self._model_layers,
         )
 
     def to_arrow(
@@ -336,12 +350,19 @@ class Dump:
         return self._table(None, None, None, None).__arrow_c_stream__(requested_schema)
 
 
-def open(path: str | os.PathLike[str], *, head_dim: int | None = None, cell_ext: bool | None = None) -> Dump:
+def open(
+    path: str | os.PathLike[str],
+    *,
+    head_dim: int | None = None,
+    model: str | os.PathLike[str] | ModelGeometry | None = None,
+    cell_ext: bool | None = None,
+) -> Dump:
     """Map a llama.cpp KV-cache state and walk its layout (metadata only; rows stay on disk).
 
     Reads raw ``llama_state_seq_get_data`` bytes, GGSQ sequence files (llama-server slot saves), GGSN
     session files and raw ``llama_state_get_data`` bytes, of the versions llama.cpp has written since
-    2025. ``head_dim`` splits rows into heads; ``cell_ext`` overrides the detection of M-RoPE cell
+    2025. ``head_dim`` splits rows into heads; ``model`` (a GGUF file) gives the head sizes and the
+    model's own layer index of each cache layer (iSWA caches interleave); ``cell_ext`` overrides the detection of M-RoPE cell
     extensions (needed only when the bytes parse both ways).
     """
-    return Dump(path, head_dim=head_dim, cell_ext=cell_ext)
+    return Dump(path, head_dim=head_dim, model=model, cell_ext=cell_ext)

@@ -17,12 +17,25 @@ from kvfast._kvfast import (
 class ClosedError(KvfastError, ValueError):
     """The dump was closed; open it again to use it."""
 
+    kind = "closed"
+    offset = None
+    field = None
+
+
+class ModelMismatchError(KvfastError, ValueError):
+    """The model given does not fit the state (head sizes, layer counts)."""
+
+    kind = "model_mismatch"
+    offset = None
+    field = None
+
 
 __all__ = [
     "AmbiguousError",
     "ClosedError",
     "FormatError",
     "KvfastError",
+    "ModelMismatchError",
     "TruncatedError",
     "UnsupportedVersionError",
 ]

@@ -212,10 +212,7 @@ fn state_prefix(mut cur: Cursor, mut p: Prefix, with_outputs: bool) -> Result<Pr
             let c_off = cur.pos();
             let n = cur.u64(what_count)?;
             p.regions.push(region(c_off, 8, what_count, "meta"));
-            let d_off = cur.skip(
-                n.saturating_mul(4),
-                &format!("{what} ({n} floats)"),
-            )?;
+            let d_off = cur.skip(n.saturating_mul(4), &format!("{what} ({n} floats)"))?;
             p.regions
                 .push(region(d_off, n as usize * 4, what, "outputs"));
             Ok((d_off as u64, n))

@@ -8,6 +8,7 @@ pub mod container;
 pub mod cursor;
 pub mod decode;
 pub mod error;
+pub mod gguf;
 pub mod layout;
 pub mod state;
 pub mod types;

@@ -2,6 +2,7 @@
 
 mod buf;
 mod errors;
+mod model;
 mod rows;
 mod state;
 mod stream;
@@ -15,6 +16,7 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<state::State>()?;
     m.add_class::<buf::Buf>()?;
     m.add_class::<stream::ArrowStream>()?;
+    m.add_function(wrap_pyfunction!(model::gguf_metadata, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

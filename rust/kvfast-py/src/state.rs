@@ -248,7 +248,7 @@ impl State {
     }
 
     /// The long value table as Arrow batches.
-    #[pyo3(signature = (caches=None, layers=None, kinds=None, heads=None, dtype=None, head_dim_k=None, head_dim_v=None))]
+    #[pyo3(signature = (caches=None, layers=None, kinds=None, heads=None, dtype=None, head_dim_k=None, head_dim_v=None, model_layers=None))]
     #[allow(clippy::too_many_arguments)]
     fn table(
         &self,
@@ -260,6 +260,7 @@ impl State {
         dtype: Option<&str>,
         head_dim_k: Option<u64>,
         head_dim_v: Option<u64>,
+        model_layers: Option<Vec<Vec<i32>>>,
     ) -> PyResult<ArrowStream> {
         let sf = self.get()?;
         let kinds = match kinds {
@@ -274,6 +275,7 @@ impl State {
             dtype: parse_dtype(dtype)?,
             head_dim_k,
             head_dim_v,
+            model_layers,
         };
         let seq_default = sf.layout.seq_id;
         let (schema, batches) = py

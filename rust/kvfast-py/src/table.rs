@@ -20,6 +20,8 @@ pub struct Selection {
     pub dtype: Dtype,
     pub head_dim_k: Option<u64>,
     pub head_dim_v: Option<u64>,
+    /// The model's own layer index of each cache's layers (iSWA caches interleave).
+    pub model_layers: Option<Vec<Vec<i32>>>,
 }
 
 /// One record to turn into a batch.
@@ -44,6 +46,9 @@ fn head_dim(rec: &Record, given: Option<u64>, kind: &str, layer: u32) -> Result<
     }
 }
 
+/// Index of the values column.
+pub const VALUES: usize = 9;
+
 pub fn schema(out: Out, head_dim: usize) -> SchemaRef {
     let item = Arc::new(Field::new(
         "item",
@@ -59,6 +64,7 @@ pub fn schema(out: Out, head_dim: usize) -> SchemaRef {
         i32f("cache", false),
         i32f("stream", false),
         i32f("layer", false),
+        i32f("model_layer", true),
         Field::new("kind", DataType::Utf8, false),
         i32f("cell", false),
         i32f("pos", false),
@@ -146,10 +152,10 @@ pub fn batches(
     seq_default: Option<i32>,
 ) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
     let (schema, _) = plan_schema(sf, sel)?;
-    let DataType::FixedSizeList(_, hd) = schema.field(8).data_type() else {
+    let DataType::FixedSizeList(_, hd) = schema.field(VALUES).data_type() else {
         unreachable!()
     };
-    let want = if matches!(schema.field(8).data_type(), DataType::FixedSizeList(f, _) if f.data_type() == &DataType::Float16)
+    let want = if matches!(schema.field(VALUES).data_type(), DataType::FixedSizeList(f, _) if f.data_type() == &DataType::Float16)
     {
         Out::F16
     } else {
@@ -160,15 +166,25 @@ pub fn batches(
     } else {
         Dtype::F32
     };
+    let single = sf.layout.caches.len() == 1;
     let mut out = Vec::new();
     for job in jobs(sf, sel)? {
         let rows = record_rows(sf, job.rec, job.stream.cell_count as usize, dtype);
+        let model_layer = match &sel.model_layers {
+            Some(m) => m
+                .get(job.cache as usize)
+                .and_then(|c| c.get(job.layer as usize))
+                .copied(),
+            None if single => Some(job.layer as i32),
+            None => None,
+        };
         out.push(batch(
             &schema,
             &job,
             rows,
             sel.heads.as_deref(),
             seq_default,
+            model_layer,
             *hd as usize,
         )?);
     }
@@ -181,6 +197,7 @@ fn batch(
     rows: Rows,
     heads: Option<&[u32]>,
     seq_default: Option<i32>,
+    model_layer: Option<i32>,
     hd: usize,
 ) -> Result<RecordBatch, String> {
     let s = job.stream;
@@ -223,7 +240,7 @@ fn batch(
             None,
         )),
     };
-    let DataType::FixedSizeList(item, _) = schema.field(8).data_type() else {
+    let DataType::FixedSizeList(item, _) = schema.field(VALUES).data_type() else {
         unreachable!()
     };
     let list = FixedSizeListArray::try_new(item.clone(), hd as i32, values, None)
@@ -247,6 +264,7 @@ fn batch(
             constant(job.cache as i32),
             constant(s.index as i32),
             constant(job.layer as i32),
+            Arc::new(Int32Array::from(vec![model_layer; n])),
             Arc::new(StringArray::from(vec![job.kind; n])),
             Arc::new(Int32Array::from(cell)),
             Arc::new(Int32Array::from(pos)),
