@@ -116,6 +116,12 @@ impl State {
         self.inner.read().expect("lock").is_none()
     }
 
+    /// Address of the first byte of the mapped state (to tell views of the map from copies).
+    #[getter]
+    fn map_address(&self) -> PyResult<usize> {
+        Ok(self.get()?.bytes().as_ptr() as usize)
+    }
+
     /// Container, version and the other scalars of the state.
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let sf = self.get()?;
