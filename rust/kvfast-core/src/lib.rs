@@ -3,6 +3,7 @@
 //! [`StateFile::open`] maps a state and walks its layout (metadata only, no row read);
 //! [`decode`] turns rows of any cache type into f32.
 
+pub mod alloc;
 pub mod cache;
 pub mod container;
 pub mod cursor;

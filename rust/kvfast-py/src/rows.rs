@@ -4,7 +4,8 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use arrow_buffer::{Buffer, MutableBuffer};
+use arrow_buffer::Buffer;
+use kvfast_core::alloc::{fresh_bytes, fresh_f32};
 use kvfast_core::decode::{decode_rows, decode_transposed, transpose_bytes};
 use kvfast_core::{GgmlType, Record, StateFile};
 
@@ -69,11 +70,11 @@ pub fn record_rows(sf: &StateFile, rec: &Record, cells: usize, dtype: Dtype) -> 
             )
         }
     } else if stored {
-        let mut m = MutableBuffer::from_len_zeroed(src.len());
-        transpose_bytes(src, out.size(), cells, n_embd, m.as_slice_mut());
-        (m.into(), false)
+        let mut m = fresh_bytes(src.len());
+        transpose_bytes(src, out.size(), cells, n_embd, &mut m);
+        (Buffer::from_vec(m), false)
     } else {
-        let mut v = vec![0f32; cells * n_embd];
+        let mut v = fresh_f32(cells * n_embd);
         if rec.transposed {
             decode_transposed(rec.ty, src, cells, n_embd, &mut v);
         } else {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use arrow_array::{
     ArrayRef, FixedSizeListArray, Float16Array, Float32Array, Int32Array, RecordBatch, StringArray,
 };
-use arrow_buffer::{Buffer, MutableBuffer, ScalarBuffer};
+use arrow_buffer::{Buffer, MutableBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use kvfast_core::{Record, StateFile, Stream};
 
@@ -265,13 +265,33 @@ fn batch(
             constant(s.index as i32),
             constant(job.layer as i32),
             Arc::new(Int32Array::from(vec![model_layer; n])),
-            Arc::new(StringArray::from(vec![job.kind; n])),
+            Arc::new(repeated_str(job.kind, n)),
             Arc::new(Int32Array::from(cell)),
             Arc::new(Int32Array::from(pos)),
-            Arc::new(Int32Array::from(seq)),
+            Arc::new(optional_i32(seq)),
             Arc::new(Int32Array::from(head)),
             Arc::new(list),
         ],
     )
     .map_err(|e| e.to_string())
+}
+
+/// `n` copies of a one-byte string, built from its buffers.
+fn repeated_str(s: &'static str, n: usize) -> StringArray {
+    let offsets: Vec<i32> = (0..=n as i32).map(|i| i * s.len() as i32).collect();
+    let values = s.as_bytes().repeat(n);
+    StringArray::new(
+        OffsetBuffer::new(ScalarBuffer::from(offsets)),
+        Buffer::from_vec(values),
+        None,
+    )
+}
+
+/// Optional values, with no validity bitmap when none is missing.
+fn optional_i32(v: Vec<Option<i32>>) -> Int32Array {
+    if v.iter().all(Option::is_some) {
+        Int32Array::from(v.into_iter().map(|x| x.unwrap_or(0)).collect::<Vec<_>>())
+    } else {
+        Int32Array::from(v)
+    }
 }
