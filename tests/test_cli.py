@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 from conftest import DATA
+
 from kvfast.cli import main
 
 

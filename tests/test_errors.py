@@ -3,9 +3,10 @@
 import struct
 from pathlib import Path
 
-import kvfast
 import pytest
 from conftest import DATA, STATE_FILES
+
+import kvfast
 from kvfast._kvfast import State
 
 SMALL = [f for f in STATE_FILES if f.stat().st_size < 20_000]

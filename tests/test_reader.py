@@ -3,10 +3,11 @@
 import struct
 from pathlib import Path
 
-import kvfast
 import numpy as np
 import pytest
 from conftest import DATA, FOLDERS, probe, proc_status_kb
+
+import kvfast
 from kvfast import synth
 
 

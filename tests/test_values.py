@@ -4,14 +4,15 @@ import threading
 from pathlib import Path
 
 import gguf
-import kvfast
 import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
 from conftest import DATA, STATE_FILES, proc_status_kb
-from kvfast import synth
 from quants import decode
+
+import kvfast
+from kvfast import synth
 
 QUANTS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
 
