@@ -8,6 +8,7 @@
 from importlib.resources import files
 
 from kvfast._kvfast import __version__
+from kvfast.analysis import MatchError, compare
 from kvfast.dump import Dump, open
 from kvfast.errors import (
     AmbiguousError,
@@ -35,12 +36,14 @@ __all__ = [
     "FormatError",
     "KvfastError",
     "Layer",
+    "MatchError",
     "ModelGeometry",
     "ModelMismatchError",
     "Stream",
     "TruncatedError",
     "UnsupportedVersionError",
     "__version__",
+    "compare",
     "open",
     "sample_path",
 ]

@@ -14,7 +14,12 @@ __all__ = [
     "TruncatedError",
     "UnsupportedVersionError",
     "__version__",
+    "aggregate_stats",
+    "cell_stats",
+    "compare",
     "gguf_metadata",
+    "quant_error",
+    "quantize",
 ]
 
 class KvfastError(Exception):
@@ -73,3 +78,10 @@ class State:
     ) -> ArrowStream: ...
 
 def gguf_metadata(path: str | PathLike[str]) -> dict[str, Any]: ...
+def cell_stats(state: State, sel: dict[str, Any], skip_first: int) -> ArrowStream: ...
+def aggregate_stats(
+    state: State, sel: dict[str, Any], skip_first: int
+) -> tuple[ArrowStream, ArrowStream, ArrowStream]: ...
+def quant_error(state: State, type_name: str, sel: dict[str, Any], skip_first: int) -> ArrowStream: ...
+def quantize(type_name: str, values: list[float] | Any) -> bytes: ...
+def compare(a: State, b: State, sel: dict[str, Any]) -> ArrowStream: ...

@@ -5,19 +5,20 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import numpy as np
 import numpy.typing as npt
+import polars as pl
 
-from kvfast import _kvfast
+from kvfast import _kvfast, analysis
 from kvfast.address import Where, file_offset, locate, tensor_offset
+from kvfast.analysis import By
 from kvfast.errors import ClosedError, ModelMismatchError
 from kvfast.model import ModelGeometry
 from kvfast.structure import _LAYER_KEYS, Cache, Stream, _build_caches, _i32
 
 if TYPE_CHECKING:
-    import polars as pl
     import pyarrow as pa
 
 
@@ -260,7 +261,6 @@ class Dump:
 
         Columns: offset, nbytes, what, role ('rows' | 'outputs' | 'meta'), cache, stream, kind, layer, type.
         """
-        import polars as pl
 
         cols = self._live().regions()
         return pl.DataFrame(
@@ -341,9 +341,42 @@ class Dump:
         dtype: str | None = None,
     ) -> pl.DataFrame:
         """:meth:`to_arrow` as a Polars DataFrame (values: ``Array(Float16 | Float32, head_dim)``)."""
-        import polars as pl
 
         return pl.DataFrame(self._table(layers, kinds, heads, dtype))
+
+    def stats(
+        self,
+        by: By = "cell",
+        layers: Sequence[int] | None = None,
+        kinds: Sequence[str] | str | None = None,
+        skip_first: int = 0,
+    ) -> pl.DataFrame:
+        """Statistics computed in Rust, streamed over the map with the GIL released.
+
+        - ``by="cell"``: one row per (cache, stream, layer, kind, cell, sequence, head) with pos,
+          seq_id, l2, mean, std, min, max, absmax and argmax (the channel of the absmax);
+        - ``by="channel"``: one row per (cache, layer, kind, head, channel) over every cell: count,
+          mean, std, min, max, absmax, and outlier_ratio (that absmax over the median channel absmax
+          of the same head);
+        - ``by="head"`` / ``by="layer"``: the same moments over every value of a head / layer, with
+          l2_mean and l2_max, the mean and largest L2 norm of its (cell, head) rows.
+
+        ``skip_first=N`` leaves out cells at positions < N (attention sinks). std is ddof = 0.
+        """
+        return analysis.stats(self, by, layers, kinds, skip_first)
+
+    def quant_error(
+        self,
+        type: str,
+        by: Literal["head", "layer"] = "head",
+        layers: Sequence[int] | None = None,
+        kinds: Sequence[str] | str | None = None,
+        skip_first: int = 0,
+    ) -> pl.DataFrame:
+        """What a cache of ``type`` (q8_0, q4_0, ...) would lose: each row is quantized and
+        dequantized with ggml's reference quantizer (bit-exact) in Rust; per (cache, layer, kind,
+        head) or per layer: mse, max_abs, rel (||x - q(x)|| / ||x||) and cosine."""
+        return analysis.quant_error(self, type, by, layers, kinds, skip_first)
 
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
         """The value table through the Arrow PyCapsule interface (pyarrow, Polars, DuckDB)."""

@@ -11,8 +11,11 @@ pub mod decode;
 pub mod error;
 pub mod gguf;
 pub mod layout;
+pub mod quantize;
+pub mod stats;
 pub mod state;
 pub mod types;
+pub mod view;
 
 pub use container::{walk, WalkOptions};
 pub use error::{Error, Result};

@@ -1,6 +1,8 @@
 //! `kvfast._kvfast`: the thin PyO3 layer over kvfast-core.
 
+mod analysis;
 mod buf;
+mod columns;
 mod errors;
 mod model;
 mod rows;
@@ -17,6 +19,11 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buf::Buf>()?;
     m.add_class::<stream::ArrowStream>()?;
     m.add_function(wrap_pyfunction!(model::gguf_metadata, m)?)?;
+    m.add_function(wrap_pyfunction!(analysis::cell_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(analysis::aggregate_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(analysis::quant_error, m)?)?;
+    m.add_function(wrap_pyfunction!(analysis::quantize, m)?)?;
+    m.add_function(wrap_pyfunction!(analysis::compare, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -28,7 +28,7 @@ fn parse_dtype(dtype: Option<&str>) -> PyResult<Dtype> {
     }
 }
 
-fn parse_kind(kind: &str) -> PyResult<&'static str> {
+pub(crate) fn parse_kind(kind: &str) -> PyResult<&'static str> {
     match kind {
         "k" | "K" => Ok("k"),
         "v" | "V" => Ok("v"),
@@ -39,7 +39,7 @@ fn parse_kind(kind: &str) -> PyResult<&'static str> {
 }
 
 impl State {
-    fn get(&self) -> PyResult<Arc<StateFile>> {
+    pub(crate) fn get(&self) -> PyResult<Arc<StateFile>> {
         self.inner
             .read()
             .expect("lock")

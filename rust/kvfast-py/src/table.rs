@@ -25,13 +25,13 @@ pub struct Selection {
 }
 
 /// One record to turn into a batch.
-struct Job<'a> {
-    cache: u32,
-    stream: &'a Stream,
-    layer: u32,
-    kind: &'static str,
-    rec: &'a Record,
-    head_dim: usize,
+pub struct Job<'a> {
+    pub cache: u32,
+    pub stream: &'a Stream,
+    pub layer: u32,
+    pub kind: &'static str,
+    pub rec: &'a Record,
+    pub head_dim: usize,
 }
 
 fn head_dim(rec: &Record, given: Option<u64>, kind: &str, layer: u32) -> Result<usize, String> {
@@ -101,7 +101,7 @@ pub fn plan_schema(sf: &StateFile, sel: &Selection) -> Result<(SchemaRef, usize)
     Ok((schema(out, hd), jobs.len()))
 }
 
-fn jobs<'a>(sf: &'a StateFile, sel: &Selection) -> Result<Vec<Job<'a>>, String> {
+pub fn jobs<'a>(sf: &'a StateFile, sel: &Selection) -> Result<Vec<Job<'a>>, String> {
     let mut out = Vec::new();
     for (ci, cache) in sf.layout.caches.iter().enumerate() {
         let ci = ci as u32;
@@ -166,18 +166,10 @@ pub fn batches(
     } else {
         Dtype::F32
     };
-    let single = sf.layout.caches.len() == 1;
     let mut out = Vec::new();
     for job in jobs(sf, sel)? {
         let rows = record_rows(sf, job.rec, job.stream.cell_count as usize, dtype);
-        let model_layer = match &sel.model_layers {
-            Some(m) => m
-                .get(job.cache as usize)
-                .and_then(|c| c.get(job.layer as usize))
-                .copied(),
-            None if single => Some(job.layer as i32),
-            None => None,
-        };
+        let model_layer = model_layer(sf, sel, job.cache, job.layer);
         out.push(batch(
             &schema,
             &job,
@@ -204,16 +196,7 @@ fn batch(
     let n_heads = rows.n_embd / hd;
     let all_heads: Vec<u32> = (0..n_heads as u32).collect();
     let heads = heads.unwrap_or(&all_heads);
-    // (cell, seq) pairs: a cell of several sequences appears once per sequence.
-    let mut pairs: Vec<(usize, Option<i32>)> = Vec::with_capacity(rows.cells);
-    for c in 0..rows.cells {
-        let seqs = s.cell_seqs(c);
-        if seqs.is_empty() {
-            pairs.push((c, seq_default));
-        } else {
-            pairs.extend(seqs.iter().map(|q| (c, Some(*q))));
-        }
-    }
+    let pairs = cell_seq_pairs(s, seq_default, 0);
     let n = pairs.len() * heads.len();
     let identity = pairs.len() == rows.cells && heads.len() == n_heads;
     let values_buf = if identity {
@@ -277,7 +260,7 @@ fn batch(
 }
 
 /// `n` copies of a one-byte string, built from its buffers.
-fn repeated_str(s: &'static str, n: usize) -> StringArray {
+pub fn repeated_str(s: &'static str, n: usize) -> StringArray {
     let offsets: Vec<i32> = (0..=n as i32).map(|i| i * s.len() as i32).collect();
     let values = s.as_bytes().repeat(n);
     StringArray::new(
@@ -288,10 +271,37 @@ fn repeated_str(s: &'static str, n: usize) -> StringArray {
 }
 
 /// Optional values, with no validity bitmap when none is missing.
-fn optional_i32(v: Vec<Option<i32>>) -> Int32Array {
+pub fn optional_i32(v: Vec<Option<i32>>) -> Int32Array {
     if v.iter().all(Option::is_some) {
         Int32Array::from(v.into_iter().map(|x| x.unwrap_or(0)).collect::<Vec<_>>())
     } else {
         Int32Array::from(v)
+    }
+}
+
+/// (cell, seq) pairs of the cells at positions >= `skip_first`: a cell of several sequences
+/// appears once per sequence; a cell that lists none belongs to the state's own sequence.
+pub fn cell_seq_pairs(s: &Stream, seq_default: Option<i32>, skip_first: i32) -> Vec<(usize, Option<i32>)> {
+    let mut pairs = Vec::with_capacity(s.cell_count as usize);
+    for c in 0..s.cell_count as usize {
+        if s.pos[c] < skip_first {
+            continue;
+        }
+        let seqs = s.cell_seqs(c);
+        if seqs.is_empty() {
+            pairs.push((c, seq_default));
+        } else {
+            pairs.extend(seqs.iter().map(|q| (c, Some(*q))));
+        }
+    }
+    pairs
+}
+
+/// The model layer of a job: from the model's map, or the layer itself in a one-cache state.
+pub fn model_layer(sf: &StateFile, sel: &Selection, cache: u32, layer: u32) -> Option<i32> {
+    match &sel.model_layers {
+        Some(m) => m.get(cache as usize).and_then(|c| c.get(layer as usize)).copied(),
+        None if sf.layout.caches.len() == 1 => Some(layer as i32),
+        None => None,
     }
 }

@@ -1,0 +1,140 @@
+"""Statistics, comparisons and quantization losses over states, computed in Rust.
+
+Each pass streams over the memory map a chunk of cells at a time, in parallel, with the GIL
+released: memory stays bounded whatever the size of the state (plus the result table).
+Standard deviations are population ones (ddof = 0); sums are accumulated in float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import polars as pl
+
+from kvfast import _kvfast
+from kvfast.errors import KvfastError
+
+if TYPE_CHECKING:
+    from kvfast.dump import Dump
+
+By = Literal["cell", "channel", "head", "layer"]
+_GROUP = ["cache", "layer", "model_layer", "kind"]
+
+
+class MatchError(KvfastError, ValueError):
+    """Two states cannot be compared: different caches, layers, row sizes or positions."""
+
+    kind = "match"
+    offset = None
+    field = None
+
+
+def select(
+    dump: Dump,
+    layers: Sequence[int] | None,
+    kinds: Sequence[str] | str | None,
+    caches: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    if isinstance(kinds, str):
+        kinds = [kinds]
+    return {
+        "caches": None if caches is None else list(caches),
+        "layers": None if layers is None else list(layers),
+        "kinds": None if kinds is None else list(kinds),
+        "head_dim_k": dump.head_dim_k,
+        "head_dim_v": dump.head_dim_v,
+        "model_layers": dump._model_layers,
+    }
+
+
+def stats(
+    dump: Dump,
+    by: By = "cell",
+    layers: Sequence[int] | None = None,
+    kinds: Sequence[str] | str | None = None,
+    skip_first: int = 0,
+) -> pl.DataFrame:
+    state = dump._live()
+    sel = select(dump, layers, kinds)
+    if by == "cell":
+        return pl.DataFrame(_kvfast.cell_stats(state, sel, skip_first))
+    if by not in ("channel", "head", "layer"):
+        raise ValueError(f"by must be 'cell', 'channel', 'head' or 'layer', not {by!r}")
+    channel, head, layer = _kvfast.aggregate_stats(state, sel, skip_first)
+    if by == "head":
+        return pl.DataFrame(head)
+    if by == "layer":
+        return pl.DataFrame(layer)
+    df = pl.DataFrame(channel)
+    return df.with_columns(
+        outlier_ratio=pl.col("absmax") / pl.col("absmax").median().over(["cache", "layer", "kind", "head"])
+    )
+
+
+def quant_error(
+    dump: Dump,
+    type: str,
+    by: Literal["head", "layer"] = "head",
+    layers: Sequence[int] | None = None,
+    kinds: Sequence[str] | str | None = None,
+    skip_first: int = 0,
+) -> pl.DataFrame:
+    df = pl.DataFrame(_kvfast.quant_error(dump._live(), type, select(dump, layers, kinds), skip_first))
+    if by == "head":
+        return df
+    if by != "layer":
+        raise ValueError(f"by must be 'head' or 'layer', not {by!r}")
+    return (
+        df.group_by(_GROUP, maintain_order=True)
+        .agg(
+            pl.col("count").sum(),
+            (pl.col("sum_sq_err").sum() / pl.col("count").sum()).alias("mse"),
+            pl.col("max_abs").max(),
+            (pl.col("sum_sq_err").sum() / pl.col("sum_sq").sum()).sqrt().alias("rel"),
+            (pl.col("sum_prod").sum() / (pl.col("sum_sq").sum() * pl.col("sum_sq_quant").sum()).sqrt()).alias(
+                "cosine"
+            ),
+        )
+        .sort("cache", "layer", "kind")
+    )
+
+
+def compare(
+    a: Dump,
+    b: Dump,
+    by: Literal["cell", "layer"] = "cell",
+    layers: Sequence[int] | None = None,
+    kinds: Sequence[str] | str | None = None,
+) -> pl.DataFrame:
+    """Errors of B against A: one row per (cache, layer, kind, cell, sequence, head) of A, cells
+    matched by (sequence, position), not by order; ``by='layer'`` summarizes per layer and kind.
+    Raises MatchError when the states cannot be matched (geometry, layers, positions)."""
+    try:
+        df = pl.DataFrame(_kvfast.compare(a._live(), b._live(), select(a, layers, kinds)))
+    except ValueError as e:
+        if isinstance(e, KvfastError):
+            raise
+        raise MatchError(str(e)) from None
+    if by == "cell":
+        return df
+    if by != "layer":
+        raise ValueError(f"by must be 'cell' or 'layer', not {by!r}")
+    return summarize(df)
+
+
+def summarize(df: pl.DataFrame) -> pl.DataFrame:
+    """Per-layer summary of a cell-level comparison."""
+    return (
+        df.group_by(_GROUP, maintain_order=True)
+        .agg(
+            pl.len().alias("rows"),
+            pl.col("mse").mean(),
+            pl.col("max_abs").max(),
+            pl.col("cosine").mean().alias("cosine_mean"),
+            pl.col("cosine").min().alias("cosine_min"),
+            pl.col("rel").mean().alias("rel_mean"),
+            pl.col("rel").max().alias("rel_max"),
+        )
+        .sort("cache", "layer", "kind")
+    )

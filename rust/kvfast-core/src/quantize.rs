@@ -1,0 +1,166 @@
+//! ggml's reference quantizers (`quantize_row_*_ref`), bit for bit: what a cheaper cache type would
+//! store for the same values. Plain f32 arithmetic, no fused multiply-add (ggml's x86-64 builds).
+
+use half::f16;
+
+use crate::decode::IQ4NL;
+use crate::types::GgmlType;
+
+fn put_f16(out: &mut [u8], at: usize, x: f32) {
+    out[at..at + 2].copy_from_slice(&f16::from_f32(x).to_bits().to_le_bytes());
+}
+
+/// ggml's GGML_FP32_TO_BF16: round to nearest even, NaN kept quiet.
+pub fn f32_to_bf16(x: f32) -> u16 {
+    let u = x.to_bits();
+    if (u & 0x7fff_ffff) > 0x7f80_0000 {
+        return ((u >> 16) | 64) as u16;
+    }
+    ((u + (0x7fff + ((u >> 16) & 1))) >> 16) as u16
+}
+
+/// Quantize `x` (whole blocks of `ty`) into `out` (`ty`'s bytes for them).
+pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) {
+    match ty {
+        GgmlType::F32 => {
+            for (o, v) in out.chunks_exact_mut(4).zip(x) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for (o, v) in out.chunks_exact_mut(2).zip(x) {
+                o.copy_from_slice(&f16::from_f32(*v).to_bits().to_le_bytes());
+            }
+        }
+        GgmlType::Bf16 => {
+            for (o, v) in out.chunks_exact_mut(2).zip(x) {
+                o.copy_from_slice(&f32_to_bf16(*v).to_le_bytes());
+            }
+        }
+        GgmlType::Q8_0 => {
+            for (b, xs) in out.chunks_exact_mut(34).zip(x.chunks_exact(32)) {
+                let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                put_f16(b, 0, d);
+                for j in 0..32 {
+                    b[2 + j] = ((xs[j] * id).round() as i8) as u8;
+                }
+            }
+        }
+        GgmlType::Q4_0 | GgmlType::Q5_0 => {
+            let five = ty == GgmlType::Q5_0;
+            let bb = ty.block_bytes();
+            for (b, xs) in out.chunks_exact_mut(bb).zip(x.chunks_exact(32)) {
+                let (mut amax, mut max) = (0f32, 0f32);
+                for &v in xs {
+                    if amax < v.abs() {
+                        amax = v.abs();
+                        max = v;
+                    }
+                }
+                let d = if five { max / -16.0 } else { max / -8.0 };
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                put_f16(b, 0, d);
+                let (top, off) = if five { (31u8, 16.5f32) } else { (15u8, 8.5f32) };
+                let q = |v: f32| ((v * id + off) as i8 as u8).min(top);
+                pack(b, xs, five, 2, q);
+            }
+        }
+        GgmlType::Q4_1 | GgmlType::Q5_1 => {
+            let five = ty == GgmlType::Q5_1;
+            let bb = ty.block_bytes();
+            for (b, xs) in out.chunks_exact_mut(bb).zip(x.chunks_exact(32)) {
+                let (mut min, mut max) = (f32::MAX, -f32::MAX);
+                for &v in xs {
+                    min = min.min(v);
+                    max = max.max(v);
+                }
+                let d = (max - min) / if five { 31.0 } else { 15.0 };
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                put_f16(b, 0, d);
+                put_f16(b, 2, min);
+                if five {
+                    pack(b, xs, true, 4, |v| ((v - min) * id + 0.5) as u8);
+                } else {
+                    pack(b, xs, false, 4, |v| (((v - min) * id + 0.5) as i8 as u8).min(15));
+                }
+            }
+        }
+        GgmlType::Iq4Nl => {
+            let mut l = [0u8; 32]; // ggml keeps the previous block's indices for an all-zero block
+            for (b, xs) in out.chunks_exact_mut(18).zip(x.chunks_exact(32)) {
+                iq4_nl_block(xs, b, &mut l);
+            }
+        }
+    }
+}
+
+/// Write 32 quants: low nibbles into qs, the 5th bits (for 5-bit types) into qh before qs.
+fn pack(b: &mut [u8], xs: &[f32], five: bool, at: usize, q: impl Fn(f32) -> u8) {
+    let mut qh = 0u32;
+    let qs_at = if five { at + 4 } else { at };
+    for j in 0..16 {
+        let (x0, x1) = (q(xs[j]), q(xs[j + 16]));
+        b[qs_at + j] = (x0 & 0x0F) | ((x1 & 0x0F) << 4);
+        qh |= (((x0 & 0x10) >> 4) as u32) << j;
+        qh |= (((x1 & 0x10) >> 4) as u32) << (j + 16);
+    }
+    if five {
+        b[at..at + 4].copy_from_slice(&qh.to_le_bytes());
+    }
+}
+
+fn best_index(x: f32) -> u8 {
+    let val = &IQ4NL;
+    if x <= val[0] as f32 {
+        return 0;
+    }
+    if x >= val[15] as f32 {
+        return 15;
+    }
+    let (mut ml, mut mu) = (0usize, 15usize);
+    while mu - ml > 1 {
+        let mav = (ml + mu) / 2;
+        if x < val[mav] as f32 {
+            mu = mav;
+        } else {
+            ml = mav;
+        }
+    }
+    if x - (val[mu - 1] as f32) < (val[mu] as f32) - x {
+        (mu - 1) as u8
+    } else {
+        mu as u8
+    }
+}
+
+/// quantize_row_iq4_nl_impl with super block = block = 32, no weights, ntry = -1 (the _ref path).
+fn iq4_nl_block(xs: &[f32], b: &mut [u8], l: &mut [u8; 32]) {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in xs {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let mut scale = 0f32;
+    if amax >= 1e-15 {
+        let d = max / IQ4NL[0] as f32;
+        let id = 1.0 / d;
+        let (mut sumqx, mut sumq2) = (0f32, 0f32);
+        for j in 0..32 {
+            let k = best_index(id * xs[j]);
+            l[j] = k;
+            let q = IQ4NL[k as usize] as f32;
+            let w = xs[j] * xs[j];
+            sumqx += w * q * xs[j];
+            sumq2 += w * q * q;
+        }
+        scale = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+    }
+    put_f16(b, 0, scale);
+    for j in 0..16 {
+        b[2 + j] = l[j] | (l[16 + j] << 4);
+    }
+}

@@ -1,0 +1,54 @@
+//! One record's rows, borrowed from the state's bytes, decodable a range of cells at a time.
+
+use crate::decode::decode_row;
+use crate::layout::Record;
+use crate::types::GgmlType;
+
+#[derive(Clone, Copy)]
+pub struct RecordView<'a> {
+    pub ty: GgmlType,
+    pub data: &'a [u8],
+    pub cells: usize,
+    pub n_embd: usize,
+    pub row_bytes: usize,
+    pub transposed: bool,
+}
+
+impl<'a> RecordView<'a> {
+    pub fn new(bytes: &'a [u8], rec: &Record, cells: usize) -> Self {
+        let start = rec.data_offset as usize;
+        RecordView {
+            ty: rec.ty,
+            data: &bytes[start..start + rec.data_len as usize],
+            cells,
+            n_embd: rec.n_embd as usize,
+            row_bytes: rec.row_bytes as usize,
+            transposed: rec.transposed,
+        }
+    }
+
+    /// Cells per chunk: about 256 KiB of f32 values, so a chunk stays in cache.
+    pub fn chunk_cells(&self) -> usize {
+        (65_536 / self.n_embd.max(1)).max(1)
+    }
+
+    /// Decode cells `c0..c1` into `out` (`(c1 - c0) * n_embd` values, cell-major).
+    pub fn decode(&self, c0: usize, c1: usize, out: &mut [f32]) {
+        let n = self.n_embd;
+        if !self.transposed {
+            let src = &self.data[c0 * self.row_bytes..c1 * self.row_bytes];
+            for (o, s) in out.chunks_exact_mut(n).zip(src.chunks_exact(self.row_bytes)) {
+                decode_row(self.ty, s, o);
+            }
+        } else {
+            let el = self.ty.block_bytes();
+            for (ci, o) in out.chunks_exact_mut(n).enumerate() {
+                let c = c0 + ci;
+                for (j, v) in o.iter_mut().enumerate() {
+                    let s = (j * self.cells + c) * el;
+                    decode_row(self.ty, &self.data[s..s + el], std::slice::from_mut(v));
+                }
+            }
+        }
+    }
+}

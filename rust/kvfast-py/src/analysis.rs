@@ -1,0 +1,460 @@
+//! Statistics, comparisons and quantization losses, computed in Rust with the GIL released.
+
+use std::collections::HashMap;
+
+use kvfast_core::decode::decode_row;
+use kvfast_core::quantize::quantize_row;
+use kvfast_core::stats::{accumulate, cell_stats as stats_of_cells, compare as compare_rows, round_trip_loss, Accum, Moments};
+use kvfast_core::view::RecordView;
+use kvfast_core::{GgmlType, StateFile};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::columns::Columns;
+use crate::errors::value_error;
+use crate::rows::Dtype;
+use crate::state::{parse_kind, State};
+use crate::stream::ArrowStream;
+use crate::table::{cell_seq_pairs, jobs, model_layer, Job, Selection};
+
+/// What to compute over, as Python passes it.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct Select {
+    caches: Option<Vec<u32>>,
+    layers: Option<Vec<u32>>,
+    kinds: Option<Vec<String>>,
+    head_dim_k: Option<u64>,
+    head_dim_v: Option<u64>,
+    model_layers: Option<Vec<Vec<i32>>>,
+}
+
+impl Select {
+    fn selection(self) -> PyResult<Selection> {
+        let kinds = match self.kinds {
+            None => vec!["k", "v"],
+            Some(ks) => ks.iter().map(|k| parse_kind(k)).collect::<PyResult<_>>()?,
+        };
+        Ok(Selection {
+            caches: self.caches,
+            layers: self.layers,
+            kinds,
+            heads: None,
+            dtype: Dtype::F32,
+            head_dim_k: self.head_dim_k,
+            head_dim_v: self.head_dim_v,
+            model_layers: self.model_layers,
+        })
+    }
+}
+
+fn view<'a>(sf: &'a StateFile, job: &Job<'a>) -> RecordView<'a> {
+    RecordView::new(sf.bytes(), job.rec, job.stream.cell_count as usize)
+}
+
+/// One row per (cache, stream, layer, kind, cell, sequence, head).
+#[pyfunction]
+pub fn cell_stats(py: Python<'_>, state: &State, sel: Select, skip_first: i32) -> PyResult<ArrowStream> {
+    let sf = state.get()?;
+    let sel = sel.selection()?;
+    py.detach(|| {
+        let jobs = jobs(&sf, &sel).map_err(value_error)?;
+        let mut idx: [Vec<i32>; 6] = Default::default();
+        let (mut kinds, mut mls, mut seqs, mut heads) = (vec![], vec![], vec![], vec![]);
+        let mut vals: [Vec<f64>; 3] = Default::default();
+        let mut fvals: [Vec<f32>; 3] = Default::default();
+        let mut argmax = vec![];
+        for job in &jobs {
+            let pairs = cell_seq_pairs(job.stream, sf.layout.seq_id, skip_first);
+            let cells: Vec<usize> = pairs.iter().map(|p| p.0).collect();
+            let stats = stats_of_cells(&view(&sf, job), &cells, job.head_dim);
+            let nh = job.rec.n_embd as usize / job.head_dim;
+            let ml = model_layer(&sf, &sel, job.cache, job.layer);
+            for (i, st) in stats.iter().enumerate() {
+                let (c, q) = pairs[i / nh];
+                for (col, v) in idx.iter_mut().zip([
+                    job.cache as i32,
+                    job.stream.index as i32,
+                    job.layer as i32,
+                    c as i32,
+                    job.stream.pos[c],
+                    0,
+                ]) {
+                    col.push(v);
+                }
+                kinds.push(job.kind);
+                mls.push(ml);
+                seqs.push(q);
+                heads.push((i % nh) as i32);
+                for (col, v) in vals.iter_mut().zip([st.l2, st.mean, st.std]) {
+                    col.push(v);
+                }
+                for (col, v) in fvals.iter_mut().zip([st.min, st.max, st.absmax]) {
+                    col.push(v);
+                }
+                argmax.push(st.argmax);
+            }
+        }
+        let [cache, stream, layer, cell, pos, _] = idx;
+        let [l2, mean, std] = vals;
+        let [min, max, absmax] = fvals;
+        let mut out = Columns::default();
+        out.i32("cache", cache);
+        out.i32("stream", stream);
+        out.i32("layer", layer);
+        out.opt_i32("model_layer", mls);
+        out.kind("kind", &kinds);
+        out.i32("cell", cell);
+        out.i32("pos", pos);
+        out.opt_i32("seq_id", seqs);
+        out.i32("head", heads);
+        out.f64("l2", l2);
+        out.f64("mean", mean);
+        out.f64("std", std);
+        out.f32_as_f64("min", min);
+        out.f32_as_f64("max", max);
+        out.f32_as_f64("absmax", absmax);
+        out.u32("argmax", argmax);
+        Ok(out.finish())
+    })
+}
+
+/// Group the selected records by (cache, layer, kind) across streams, in first-seen order.
+fn grouped<'a>(sf: &'a StateFile, sel: &Selection) -> PyResult<Vec<Vec<Job<'a>>>> {
+    let mut order: Vec<(u32, u32, &str)> = vec![];
+    let mut groups: HashMap<(u32, u32, &str), Vec<Job<'a>>> = HashMap::new();
+    for job in jobs(sf, sel).map_err(value_error)? {
+        let key = (job.cache, job.layer, job.kind);
+        if !groups.contains_key(&key) {
+            order.push(key);
+        }
+        groups.entry(key).or_default().push(job);
+    }
+    Ok(order.into_iter().map(|k| groups.remove(&k).expect("grouped")).collect())
+}
+
+fn push_moments(out: &mut [Vec<f64>; 6], counts: &mut Vec<u64>, m: &Moments) {
+    counts.push(m.count);
+    let mean = if m.count == 0 { f64::NAN } else { m.mean };
+    for (col, v) in out.iter_mut().zip([mean, m.std(), m.min as f64, m.max as f64, m.absmax as f64, 0.0]) {
+        col.push(v);
+    }
+}
+
+/// Channel, head and layer tables from one pass over the selected records.
+#[pyfunction]
+pub fn aggregate_stats(
+    py: Python<'_>,
+    state: &State,
+    sel: Select,
+    skip_first: i32,
+) -> PyResult<(ArrowStream, ArrowStream, ArrowStream)> {
+    let sf = state.get()?;
+    let sel = sel.selection()?;
+    py.detach(|| {
+        let mut tables: [Columns; 3] = Default::default();
+        let mut keys: [(Vec<i32>, Vec<i32>, Vec<Option<i32>>, Vec<&'static str>); 3] = Default::default();
+        let mut sub: [Vec<i32>; 2] = Default::default(); // channel's (head, channel), head's head
+        let mut chan_head = vec![];
+        let mut moments: [[Vec<f64>; 6]; 3] = Default::default();
+        let mut counts: [Vec<u64>; 3] = Default::default();
+        let mut l2: [(Vec<f64>, Vec<f64>); 2] = Default::default();
+        for group in grouped(&sf, &sel)? {
+            let j0 = &group[0];
+            let (hd, n) = (j0.head_dim, j0.rec.n_embd as usize);
+            let mut acc = Accum::new(n, n / hd);
+            for job in &group {
+                let cells: Vec<usize> =
+                    (0..job.stream.cell_count as usize).filter(|c| job.stream.pos[*c] >= skip_first).collect();
+                acc.merge(&accumulate(&view(&sf, job), &cells, hd));
+            }
+            let ml = model_layer(&sf, &sel, j0.cache, j0.layer);
+            let mut key = |t: usize| {
+                keys[t].0.push(j0.cache as i32);
+                keys[t].1.push(j0.layer as i32);
+                keys[t].2.push(ml);
+                keys[t].3.push(j0.kind);
+            };
+            for (c, m) in acc.channels.iter().enumerate() {
+                key(0);
+                chan_head.push((c / hd) as i32);
+                sub[0].push((c % hd) as i32);
+                push_moments(&mut moments[0], &mut counts[0], m);
+            }
+            let mut all = Moments::default();
+            let (mut l2_sum, mut l2_max, mut rows) = (0f64, 0f64, 0u64);
+            for h in 0..n / hd {
+                key(1);
+                sub[1].push(h as i32);
+                let m = acc.head(h, hd);
+                all.merge(&m);
+                push_moments(&mut moments[1], &mut counts[1], &m);
+                let (s, mx, r) = acc.l2[h];
+                l2[0].0.push(if r == 0 { f64::NAN } else { s / r as f64 });
+                l2[0].1.push(mx);
+                l2_sum += s;
+                l2_max = l2_max.max(mx);
+                rows += r;
+            }
+            key(2);
+            push_moments(&mut moments[2], &mut counts[2], &all);
+            l2[1].0.push(if rows == 0 { f64::NAN } else { l2_sum / rows as f64 });
+            l2[1].1.push(l2_max);
+        }
+        let [mut l2_head, mut l2_layer] = l2;
+        for (t, out) in tables.iter_mut().enumerate() {
+            let (cache, layer, ml, kind) = std::mem::take(&mut keys[t]);
+            out.i32("cache", cache);
+            out.i32("layer", layer);
+            out.opt_i32("model_layer", ml);
+            out.kind("kind", &kind);
+            if t == 0 {
+                out.i32("head", std::mem::take(&mut chan_head));
+                out.i32("channel", std::mem::take(&mut sub[0]));
+            } else if t == 1 {
+                out.i32("head", std::mem::take(&mut sub[1]));
+            }
+            out.u64("count", std::mem::take(&mut counts[t]));
+            let [mean, std, min, max, absmax, _] = std::mem::take(&mut moments[t]);
+            out.f64("mean", mean);
+            out.f64("std", std);
+            out.f64("min", min);
+            out.f64("max", max);
+            out.f64("absmax", absmax);
+            let l2 = match t {
+                1 => Some(std::mem::take(&mut l2_head)),
+                2 => Some(std::mem::take(&mut l2_layer)),
+                _ => None,
+            };
+            if let Some((mean_l2, max_l2)) = l2 {
+                out.f64("l2_mean", mean_l2);
+                out.f64("l2_max", max_l2);
+            }
+        }
+        let [a, b, c] = tables;
+        Ok((a.finish(), b.finish(), c.finish()))
+    })
+}
+
+fn parse_type(name: &str) -> PyResult<GgmlType> {
+    GgmlType::from_name(name).ok_or_else(|| {
+        value_error(format!(
+            "unknown cache type {name:?}: expected f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl"
+        ))
+    })
+}
+
+/// What quantizing each row with `type_name` (ggml's reference quantizer) would lose, per head.
+#[pyfunction]
+pub fn quant_error(
+    py: Python<'_>,
+    state: &State,
+    type_name: &str,
+    sel: Select,
+    skip_first: i32,
+) -> PyResult<ArrowStream> {
+    let sf = state.get()?;
+    let sel = sel.selection()?;
+    let ty = parse_type(type_name)?;
+    py.detach(|| {
+        let mut out = Columns::default();
+        let (mut cache, mut layer, mut ml, mut kind, mut head) = (vec![], vec![], vec![], vec![], vec![]);
+        let mut cols: [Vec<f64>; 8] = Default::default();
+        let mut count = vec![];
+        for group in grouped(&sf, &sel)? {
+            let j0 = &group[0];
+            let n = j0.rec.n_embd as usize;
+            if ty.row_bytes(n as u64).is_none() {
+                return Err(value_error(format!(
+                    "layer {} {} rows of {n} values are not whole {ty} blocks of {}",
+                    j0.layer,
+                    j0.kind,
+                    ty.block_len()
+                )));
+            }
+            let rb = ty.row_bytes(n as u64).expect("checked") as usize;
+            let trip = move |x: &[f32], y: &mut [f32]| {
+                let mut q = vec![0u8; rb];
+                quantize_row(ty, x, &mut q);
+                decode_row(ty, &q, y);
+            };
+            let mut sums = vec![Default::default(); n / j0.head_dim];
+            for job in &group {
+                let cells: Vec<usize> =
+                    (0..job.stream.cell_count as usize).filter(|c| job.stream.pos[*c] >= skip_first).collect();
+                let s = round_trip_loss(&view(&sf, job), &cells, j0.head_dim, &trip);
+                for (a, b) in sums.iter_mut().zip(&s) {
+                    kvfast_core::stats::LossSums::merge(a, b);
+                }
+            }
+            for (h, s) in sums.iter().enumerate() {
+                cache.push(j0.cache as i32);
+                layer.push(j0.layer as i32);
+                ml.push(model_layer(&sf, &sel, j0.cache, j0.layer));
+                kind.push(j0.kind);
+                head.push(h as i32);
+                count.push(s.count);
+                let c = s.count as f64;
+                let cosine = s.ab / (s.aa.sqrt() * s.bb.sqrt());
+                for (col, v) in cols.iter_mut().zip([
+                    s.se / c,
+                    s.max_abs,
+                    (s.se / s.aa).sqrt(),
+                    cosine,
+                    s.se,
+                    s.aa,
+                    s.bb,
+                    s.ab,
+                ]) {
+                    col.push(v);
+                }
+            }
+        }
+        out.i32("cache", cache);
+        out.i32("layer", layer);
+        out.opt_i32("model_layer", ml);
+        out.kind("kind", &kind);
+        out.i32("head", head);
+        out.u64("count", count);
+        let [mse, max_abs, rel, cosine, se, aa, bb, ab] = cols;
+        out.f64("mse", mse);
+        out.f64("max_abs", max_abs);
+        out.f64("rel", rel);
+        out.f64("cosine", cosine);
+        out.f64("sum_sq_err", se);
+        out.f64("sum_sq", aa);
+        out.f64("sum_sq_quant", bb);
+        out.f64("sum_prod", ab);
+        Ok(out.finish())
+    })
+}
+
+/// Quantize f32 values (whole blocks) with ggml's reference quantizer for `type_name`.
+#[pyfunction]
+pub fn quantize<'py>(py: Python<'py>, type_name: &str, values: Vec<f32>) -> PyResult<Bound<'py, PyBytes>> {
+    let ty = parse_type(type_name)?;
+    let rb = ty
+        .row_bytes(values.len() as u64)
+        .ok_or_else(|| value_error(format!("{} values are not whole {ty} blocks", values.len())))?;
+    let mut out = vec![0u8; rb as usize];
+    quantize_row(ty, &values, &mut out);
+    Ok(PyBytes::new(py, &out))
+}
+
+type Key = (Option<i32>, i32);
+
+/// Errors of `b` against `a`, cells matched by (sequence, position).
+#[pyfunction]
+pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> PyResult<ArrowStream> {
+    let (sa, sb) = (a.get()?, b.get()?);
+    let sel = sel.selection()?;
+    py.detach(|| {
+        check_geometry(&sa, &sb)?;
+        let mut out = Columns::default();
+        let mut idx: [Vec<i32>; 5] = Default::default();
+        let (mut ml, mut kinds, mut seqs) = (vec![], vec![], vec![]);
+        let mut cols: [Vec<f64>; 4] = Default::default();
+        for job in jobs(&sa, &sel).map_err(value_error)? {
+            let cb = &sb.layout.caches[job.cache as usize];
+            let mut where_b: HashMap<Key, (usize, usize)> = HashMap::new();
+            for (si, s) in cb.streams.iter().enumerate() {
+                for (c, q) in cell_seq_pairs(s, sb.layout.seq_id, i32::MIN) {
+                    where_b.insert((q, s.pos[c]), (si, c));
+                }
+            }
+            let pairs_a = cell_seq_pairs(job.stream, sa.layout.seq_id, i32::MIN);
+            let mut by_stream: HashMap<usize, Vec<(usize, usize, Option<i32>)>> = HashMap::new();
+            let mut missing = vec![];
+            for (c, q) in &pairs_a {
+                match where_b.get(&(*q, job.stream.pos[*c])) {
+                    Some((si, cbi)) => by_stream.entry(*si).or_default().push((*c, *cbi, *q)),
+                    None => missing.push((*q, job.stream.pos[*c])),
+                }
+            }
+            if let Some((q, p)) = missing.first() {
+                return Err(value_error(format!(
+                    "cannot match the states: {} (sequence, position) pairs of A's cache {} stream {} have no cell in B (first: sequence {}, position {p})",
+                    missing.len(),
+                    job.cache,
+                    job.stream.index,
+                    q.map_or("none".to_string(), |q| q.to_string()),
+                )));
+            }
+            let mut streams: Vec<_> = by_stream.into_iter().collect();
+            streams.sort_by_key(|s| s.0);
+            let va = view(&sa, &job);
+            for (si, triples) in streams {
+                let s_b = &cb.streams[si];
+                let lb = &s_b.layers[job.layer as usize];
+                let rec_b = if job.kind == "k" { &lb.k } else { lb.v.as_ref().expect("geometry checked") };
+                let vb = RecordView::new(sb.bytes(), rec_b, s_b.cell_count as usize);
+                let pairs: Vec<(usize, usize)> = triples.iter().map(|t| (t.0, t.1)).collect();
+                let stats = compare_rows(&va, &vb, &pairs, job.head_dim);
+                let nh = job.rec.n_embd as usize / job.head_dim;
+                let m = model_layer(&sa, &sel, job.cache, job.layer);
+                for (i, st) in stats.iter().enumerate() {
+                    let (ca, _, q) = triples[i / nh];
+                    for (col, v) in idx.iter_mut().zip([
+                        job.cache as i32,
+                        job.layer as i32,
+                        ca as i32,
+                        job.stream.pos[ca],
+                        (i % nh) as i32,
+                    ]) {
+                        col.push(v);
+                    }
+                    ml.push(m);
+                    kinds.push(job.kind);
+                    seqs.push(q);
+                    for (col, v) in cols.iter_mut().zip([st.mse, st.max_abs, st.cosine, st.rel]) {
+                        col.push(v);
+                    }
+                }
+            }
+        }
+        let [cache, layer, cell, pos, head] = idx;
+        out.i32("cache", cache);
+        out.i32("layer", layer);
+        out.opt_i32("model_layer", ml);
+        out.kind("kind", &kinds);
+        out.i32("cell", cell);
+        out.i32("pos", pos);
+        out.opt_i32("seq_id", seqs);
+        out.i32("head", head);
+        let [mse, max_abs, cosine, rel] = cols;
+        out.f64("mse", mse);
+        out.f64("max_abs", max_abs);
+        out.f64("cosine", cosine);
+        out.f64("rel", rel);
+        Ok(out.finish())
+    })
+}
+
+fn check_geometry(a: &StateFile, b: &StateFile) -> PyResult<()> {
+    let (ca, cb) = (&a.layout.caches, &b.layout.caches);
+    if ca.len() != cb.len() {
+        return Err(value_error(format!("A has {} KV caches, B has {}", ca.len(), cb.len())));
+    }
+    for (i, (x, y)) in ca.iter().zip(cb).enumerate() {
+        let shape = |c: &kvfast_core::Cache| -> Vec<(u64, Option<u64>)> {
+            c.streams
+                .iter()
+                .find(|s| s.cell_count > 0)
+                .map(|s| s.layers.iter().map(|l| (l.k.n_embd, l.v.as_ref().map(|v| v.n_embd))).collect())
+                .unwrap_or_default()
+        };
+        let (sx, sy) = (shape(x), shape(y));
+        if sx.len() != sy.len() {
+            return Err(value_error(format!("cache {i}: A has {} layers, B has {}", sx.len(), sy.len())));
+        }
+        for (l, (p, q)) in sx.iter().zip(&sy).enumerate() {
+            if p != q {
+                return Err(value_error(format!(
+                    "cache {i} layer {l}: A has {:?} values per K/V row, B has {:?}",
+                    p, q
+                )));
+            }
+        }
+    }
+    Ok(())
+}
