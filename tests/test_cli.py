@@ -33,3 +33,28 @@ def test_info_error_is_one_line(capsys) -> None:
     assert main(["info", str(DATA / "models/tiny-qwen3.gguf")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "byte 0" in err and "Traceback" not in err
+
+
+def test_stats_command(tmp_path, capsys) -> None:
+    path = DATA / "qwen3tiny-f16-fa/seq-0.bin"
+    assert main(["stats", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "l2_mean" in out and "shape: (4," in out
+    pq = tmp_path / "cells.parquet"
+    assert main(["stats", str(path), "--by", "cell", "--head-dim", "32", "-o", str(pq)]) == 0
+    import polars as pl
+
+    df = pl.read_parquet(pq)
+    assert df.height == 2 * 2 * 7 * 2 and "argmax" in df.columns
+    assert main(["stats", str(path), "--by", "channel", "--json", "--kinds", "k", "--layers", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert len(rows) == 64 and {"outlier_ratio", "absmax"} <= set(rows[0])
+
+
+def test_diff_command(capsys) -> None:
+    a, b = DATA / "qwen3tiny-f16-fa/seq-0.bin", DATA / "qwen3tiny-q8_0-fa/seq-0.ggsq"
+    assert main(["diff", str(a), str(b), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 4 and all(r["cosine_min"] > 0.9999 for r in rows)
+    assert main(["diff", str(a), str(DATA / "gemma3-270m-f16-fa/seq-0.bin")]) == 1
+    assert "KV caches" in capsys.readouterr().err

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import polars as pl
+
 import kvfast
 from kvfast.dump import Dump
 
@@ -108,6 +110,45 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open(path: str, args: argparse.Namespace) -> Dump:
+    return kvfast.open(path, head_dim=args.head_dim, model=args.model)
+
+
+def _emit(df: pl.DataFrame, args: argparse.Namespace) -> None:
+    if args.output:
+        df.write_parquet(args.output)
+        print(f"wrote {df.height} rows to {args.output}")
+    elif args.json:
+        print(df.write_json())
+    else:
+        with pl.Config(tbl_rows=args.rows, tbl_cols=-1, tbl_width_chars=200):
+            print(df)
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    with _open(args.path, args) as dump:
+        df = dump.stats(by=args.by, layers=args.layers, kinds=args.kinds, skip_first=args.skip_first)
+    _emit(df, args)
+    return 0
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    with _open(args.a, args) as a, _open(args.b, args) as b:
+        df = kvfast.compare(a, b, by=args.by, layers=args.layers, kinds=args.kinds)
+    _emit(df, args)
+    return 0
+
+
+def _table_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layers", type=int, nargs="+", help="only these layers (index within the cache)")
+    p.add_argument("--kinds", nargs="+", choices=["k", "v"], help="only K or V")
+    p.add_argument("--head-dim", type=int, help="values per head (default: one head spans the row)")
+    p.add_argument("--model", help="a GGUF model: head sizes and the model's layer order")
+    p.add_argument("-o", "--output", help="write Parquet here instead of printing")
+    p.add_argument("--json", action="store_true", help="print JSON rows")
+    p.add_argument("--rows", type=int, default=20, help="rows to print (default 20)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvfast", description="Look inside llama.cpp KV-cache states.")
     p.add_argument("--version", action="version", version=f"kvfast {kvfast.__version__}")
@@ -121,6 +162,30 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("path", nargs="?", help="a state file (default: the bundled sample)")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(run=_cmd_info)
+
+    stats = sub.add_parser(
+        "stats",
+        help="statistics per cell, channel, head or layer",
+        description="Statistics of a state's K and V values, computed in Rust.",
+        epilog="example: kvfast stats slot0.bin --by channel --head-dim 128 -o channels.parquet",
+    )
+    stats.add_argument("path", help="a state file")
+    stats.add_argument("--by", choices=["cell", "channel", "head", "layer"], default="layer")
+    stats.add_argument("--skip-first", type=int, default=0, help="leave out positions < N (attention sinks)")
+    _table_options(stats)
+    stats.set_defaults(run=_cmd_stats)
+
+    diff = sub.add_parser(
+        "diff",
+        help="errors of state B against state A, cells matched by (sequence, position)",
+        description="Compare two states of the same tokens (an f16 cache against a q8_0 one, two runs).",
+        epilog="example: kvfast diff f16/seq-0.bin q8_0/seq-0.bin --by layer",
+    )
+    diff.add_argument("a", help="the reference state")
+    diff.add_argument("b", help="the state compared to it")
+    diff.add_argument("--by", choices=["cell", "layer"], default="layer")
+    _table_options(diff)
+    diff.set_defaults(run=_cmd_diff)
     return p
 
 
