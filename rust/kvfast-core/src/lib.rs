@@ -12,8 +12,8 @@ pub mod error;
 pub mod gguf;
 pub mod layout;
 pub mod quantize;
-pub mod stats;
 pub mod state;
+pub mod stats;
 pub mod types;
 pub mod view;
 

@@ -62,7 +62,11 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) {
                 let d = if five { max / -16.0 } else { max / -8.0 };
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 put_f16(b, 0, d);
-                let (top, off) = if five { (31u8, 16.5f32) } else { (15u8, 8.5f32) };
+                let (top, off) = if five {
+                    (31u8, 16.5f32)
+                } else {
+                    (15u8, 8.5f32)
+                };
                 let q = |v: f32| ((v * id + off) as i8 as u8).min(top);
                 pack(b, xs, five, 2, q);
             }
@@ -83,7 +87,9 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) {
                 if five {
                     pack(b, xs, true, 4, |v| ((v - min) * id + 0.5) as u8);
                 } else {
-                    pack(b, xs, false, 4, |v| (((v - min) * id + 0.5) as i8 as u8).min(15));
+                    pack(b, xs, false, 4, |v| {
+                        (((v - min) * id + 0.5) as i8 as u8).min(15)
+                    });
                 }
             }
         }

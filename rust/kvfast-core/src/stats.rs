@@ -40,7 +40,8 @@ pub fn cell_stats(v: &RecordView, cells: &[usize], head_dim: usize) -> Vec<CellS
 
 fn one_cell(x: &[f32]) -> CellStat {
     let (mut sum, mut sq) = (0f64, 0f64);
-    let (mut min, mut max, mut absmax, mut argmax) = (f32::INFINITY, f32::NEG_INFINITY, -1f32, 0u32);
+    let (mut min, mut max, mut absmax, mut argmax) =
+        (f32::INFINITY, f32::NEG_INFINITY, -1f32, 0u32);
     for (j, &v) in x.iter().enumerate() {
         let d = v as f64;
         sum += d;
@@ -53,8 +54,19 @@ fn one_cell(x: &[f32]) -> CellStat {
         }
     }
     let mean = sum / x.len() as f64;
-    let m2: f64 = x.iter().map(|&v| (v as f64 - mean) * (v as f64 - mean)).sum();
-    CellStat { l2: sq.sqrt(), mean, std: (m2 / x.len() as f64).sqrt(), min, max, absmax: absmax.max(0.0), argmax }
+    let m2: f64 = x
+        .iter()
+        .map(|&v| (v as f64 - mean) * (v as f64 - mean))
+        .sum();
+    CellStat {
+        l2: sq.sqrt(),
+        mean,
+        std: (m2 / x.len() as f64).sqrt(),
+        min,
+        max,
+        absmax: absmax.max(0.0),
+        argmax,
+    }
 }
 
 /// Running moments of a set of values (Chan et al.'s parallel merge).
@@ -70,7 +82,14 @@ pub struct Moments {
 
 impl Default for Moments {
     fn default() -> Self {
-        Moments { count: 0, mean: 0.0, m2: 0.0, min: f32::INFINITY, max: f32::NEG_INFINITY, absmax: 0.0 }
+        Moments {
+            count: 0,
+            mean: 0.0,
+            m2: 0.0,
+            min: f32::INFINITY,
+            max: f32::NEG_INFINITY,
+            absmax: 0.0,
+        }
     }
 }
 
@@ -113,7 +132,10 @@ pub struct Accum {
 
 impl Accum {
     pub fn new(n_embd: usize, heads: usize) -> Self {
-        Accum { channels: vec![Moments::default(); n_embd], l2: vec![(0.0, 0.0, 0); heads] }
+        Accum {
+            channels: vec![Moments::default(); n_embd],
+            l2: vec![(0.0, 0.0, 0); heads],
+        }
     }
 
     pub fn merge(&mut self, o: &Accum) {
@@ -156,7 +178,11 @@ pub fn accumulate(v: &RecordView, cells: &[usize], head_dim: usize) -> Accum {
                     *s += x as f64;
                 }
                 for (h, hv) in row.chunks_exact(head_dim).enumerate() {
-                    let l2 = hv.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
+                    let l2 = hv
+                        .iter()
+                        .map(|&x| (x as f64) * (x as f64))
+                        .sum::<f64>()
+                        .sqrt();
                     let e = &mut acc.l2[h];
                     e.0 += l2;
                     e.1 = e.1.max(l2);
@@ -208,12 +234,26 @@ fn pair(a: &[f32], b: &[f32]) -> PairStat {
         bb += y * y;
         ab += x * y;
     }
-    let cosine = if aa > 0.0 && bb > 0.0 { ab / (aa.sqrt() * bb.sqrt()) } else { f64::NAN };
-    PairStat { mse: se / a.len() as f64, max_abs, cosine, rel: if aa > 0.0 { (se / aa).sqrt() } else { f64::NAN } }
+    let cosine = if aa > 0.0 && bb > 0.0 {
+        ab / (aa.sqrt() * bb.sqrt())
+    } else {
+        f64::NAN
+    };
+    PairStat {
+        mse: se / a.len() as f64,
+        max_abs,
+        cosine,
+        rel: if aa > 0.0 { (se / aa).sqrt() } else { f64::NAN },
+    }
 }
 
 /// Per-(pair, head) errors of `b`'s cell against `a`'s for every `(cell_a, cell_b)` pair.
-pub fn compare(a: &RecordView, b: &RecordView, pairs: &[(usize, usize)], head_dim: usize) -> Vec<PairStat> {
+pub fn compare(
+    a: &RecordView,
+    b: &RecordView,
+    pairs: &[(usize, usize)],
+    head_dim: usize,
+) -> Vec<PairStat> {
     let n = a.n_embd;
     pairs
         .par_chunks(a.chunk_cells())
@@ -271,7 +311,11 @@ pub fn round_trip_loss(
             for &c in chunk {
                 v.decode(c, c + 1, &mut row);
                 f(&row, &mut back);
-                for (h, (x, y)) in row.chunks_exact(head_dim).zip(back.chunks_exact(head_dim)).enumerate() {
+                for (h, (x, y)) in row
+                    .chunks_exact(head_dim)
+                    .zip(back.chunks_exact(head_dim))
+                    .enumerate()
+                {
                     let e = &mut acc[h];
                     for (&x, &y) in x.iter().zip(y) {
                         let (x, y) = (x as f64, y as f64);

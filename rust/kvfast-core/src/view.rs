@@ -37,7 +37,10 @@ impl<'a> RecordView<'a> {
         let n = self.n_embd;
         if !self.transposed {
             let src = &self.data[c0 * self.row_bytes..c1 * self.row_bytes];
-            for (o, s) in out.chunks_exact_mut(n).zip(src.chunks_exact(self.row_bytes)) {
+            for (o, s) in out
+                .chunks_exact_mut(n)
+                .zip(src.chunks_exact(self.row_bytes))
+            {
                 decode_row(self.ty, s, o);
             }
         } else {

@@ -4,7 +4,10 @@ use std::collections::HashMap;
 
 use kvfast_core::decode::decode_row;
 use kvfast_core::quantize::quantize_row;
-use kvfast_core::stats::{accumulate, cell_stats as stats_of_cells, compare as compare_rows, round_trip_loss, Accum, Moments};
+use kvfast_core::stats::{
+    accumulate, cell_stats as stats_of_cells, compare as compare_rows, round_trip_loss, Accum,
+    Moments,
+};
 use kvfast_core::view::RecordView;
 use kvfast_core::{GgmlType, StateFile};
 use pyo3::prelude::*;
@@ -54,7 +57,12 @@ fn view<'a>(sf: &'a StateFile, job: &Job<'a>) -> RecordView<'a> {
 
 /// One row per (cache, stream, layer, kind, cell, sequence, head).
 #[pyfunction]
-pub fn cell_stats(py: Python<'_>, state: &State, sel: Select, skip_first: i32) -> PyResult<ArrowStream> {
+pub fn cell_stats(
+    py: Python<'_>,
+    state: &State,
+    sel: Select,
+    skip_first: i32,
+) -> PyResult<ArrowStream> {
     let sf = state.get()?;
     let sel = sel.selection()?;
     py.detach(|| {
@@ -130,14 +138,103 @@ fn grouped<'a>(sf: &'a StateFile, sel: &Selection) -> PyResult<Vec<Vec<Job<'a>>>
         }
         groups.entry(key).or_default().push(job);
     }
-    Ok(order.into_iter().map(|k| groups.remove(&k).expect("grouped")).collect())
+    Ok(order
+        .into_iter()
+        .map(|k| groups.remove(&k).expect("grouped"))
+        .collect())
 }
 
-fn push_moments(out: &mut [Vec<f64>; 6], counts: &mut Vec<u64>, m: &Moments) {
-    counts.push(m.count);
-    let mean = if m.count == 0 { f64::NAN } else { m.mean };
-    for (col, v) in out.iter_mut().zip([mean, m.std(), m.min as f64, m.max as f64, m.absmax as f64, 0.0]) {
-        col.push(v);
+/// The (cache, layer, model_layer, kind) columns of a per-record table.
+#[derive(Default)]
+struct Keys {
+    cache: Vec<i32>,
+    layer: Vec<i32>,
+    model_layer: Vec<Option<i32>>,
+    kind: Vec<&'static str>,
+}
+
+impl Keys {
+    fn push(&mut self, job: &Job, model_layer: Option<i32>) {
+        self.cache.push(job.cache as i32);
+        self.layer.push(job.layer as i32);
+        self.model_layer.push(model_layer);
+        self.kind.push(job.kind);
+    }
+
+    fn write(self, out: &mut Columns) {
+        out.i32("cache", self.cache);
+        out.i32("layer", self.layer);
+        out.opt_i32("model_layer", self.model_layer);
+        out.kind("kind", &self.kind);
+    }
+}
+
+/// count, mean, std, min, max, absmax columns.
+#[derive(Default)]
+struct MomentCols {
+    count: Vec<u64>,
+    mean: Vec<f64>,
+    std: Vec<f64>,
+    min: Vec<f64>,
+    max: Vec<f64>,
+    absmax: Vec<f64>,
+}
+
+impl MomentCols {
+    fn push(&mut self, m: &Moments) {
+        self.count.push(m.count);
+        self.mean.push(if m.count == 0 { f64::NAN } else { m.mean });
+        self.std.push(m.std());
+        self.min.push(m.min as f64);
+        self.max.push(m.max as f64);
+        self.absmax.push(m.absmax as f64);
+    }
+
+    fn write(self, out: &mut Columns) {
+        out.u64("count", self.count);
+        out.f64("mean", self.mean);
+        out.f64("std", self.std);
+        out.f64("min", self.min);
+        out.f64("max", self.max);
+        out.f64("absmax", self.absmax);
+    }
+}
+
+/// One aggregate table: keys, sub-indices (head, channel), moments and L2 norms.
+#[derive(Default)]
+struct Aggregate {
+    keys: Keys,
+    head: Vec<i32>,
+    channel: Vec<i32>,
+    moments: MomentCols,
+    l2_mean: Vec<f64>,
+    l2_max: Vec<f64>,
+}
+
+impl Aggregate {
+    fn finish(self, with_head: bool, with_channel: bool) -> ArrowStream {
+        let mut out = Columns::default();
+        self.keys.write(&mut out);
+        if with_head {
+            out.i32("head", self.head);
+        }
+        if with_channel {
+            out.i32("channel", self.channel);
+        }
+        self.moments.write(&mut out);
+        if !with_channel {
+            out.f64("l2_mean", self.l2_mean);
+            out.f64("l2_max", self.l2_max);
+        }
+        out.finish()
+    }
+}
+
+fn mean_of(sum: f64, n: u64) -> f64 {
+    if n == 0 {
+        f64::NAN
+    } else {
+        sum / n as f64
     }
 }
 
@@ -152,87 +249,52 @@ pub fn aggregate_stats(
     let sf = state.get()?;
     let sel = sel.selection()?;
     py.detach(|| {
-        let mut tables: [Columns; 3] = Default::default();
-        let mut keys: [(Vec<i32>, Vec<i32>, Vec<Option<i32>>, Vec<&'static str>); 3] = Default::default();
-        let mut sub: [Vec<i32>; 2] = Default::default(); // channel's (head, channel), head's head
-        let mut chan_head = vec![];
-        let mut moments: [[Vec<f64>; 6]; 3] = Default::default();
-        let mut counts: [Vec<u64>; 3] = Default::default();
-        let mut l2: [(Vec<f64>, Vec<f64>); 2] = Default::default();
+        let (mut chan, mut head, mut layer) = (
+            Aggregate::default(),
+            Aggregate::default(),
+            Aggregate::default(),
+        );
         for group in grouped(&sf, &sel)? {
             let j0 = &group[0];
             let (hd, n) = (j0.head_dim, j0.rec.n_embd as usize);
             let mut acc = Accum::new(n, n / hd);
             for job in &group {
-                let cells: Vec<usize> =
-                    (0..job.stream.cell_count as usize).filter(|c| job.stream.pos[*c] >= skip_first).collect();
+                let cells: Vec<usize> = (0..job.stream.cell_count as usize)
+                    .filter(|c| job.stream.pos[*c] >= skip_first)
+                    .collect();
                 acc.merge(&accumulate(&view(&sf, job), &cells, hd));
             }
             let ml = model_layer(&sf, &sel, j0.cache, j0.layer);
-            let mut key = |t: usize| {
-                keys[t].0.push(j0.cache as i32);
-                keys[t].1.push(j0.layer as i32);
-                keys[t].2.push(ml);
-                keys[t].3.push(j0.kind);
-            };
             for (c, m) in acc.channels.iter().enumerate() {
-                key(0);
-                chan_head.push((c / hd) as i32);
-                sub[0].push((c % hd) as i32);
-                push_moments(&mut moments[0], &mut counts[0], m);
+                chan.keys.push(j0, ml);
+                chan.head.push((c / hd) as i32);
+                chan.channel.push((c % hd) as i32);
+                chan.moments.push(m);
             }
             let mut all = Moments::default();
             let (mut l2_sum, mut l2_max, mut rows) = (0f64, 0f64, 0u64);
-            for h in 0..n / hd {
-                key(1);
-                sub[1].push(h as i32);
+            for (h, &(sum, max, r)) in acc.l2.iter().enumerate() {
                 let m = acc.head(h, hd);
                 all.merge(&m);
-                push_moments(&mut moments[1], &mut counts[1], &m);
-                let (s, mx, r) = acc.l2[h];
-                l2[0].0.push(if r == 0 { f64::NAN } else { s / r as f64 });
-                l2[0].1.push(mx);
-                l2_sum += s;
-                l2_max = l2_max.max(mx);
+                head.keys.push(j0, ml);
+                head.head.push(h as i32);
+                head.moments.push(&m);
+                head.l2_mean.push(mean_of(sum, r));
+                head.l2_max.push(max);
+                l2_sum += sum;
+                l2_max = l2_max.max(max);
                 rows += r;
             }
-            key(2);
-            push_moments(&mut moments[2], &mut counts[2], &all);
-            l2[1].0.push(if rows == 0 { f64::NAN } else { l2_sum / rows as f64 });
-            l2[1].1.push(l2_max);
+            layer.keys.push(j0, ml);
+            layer.moments.push(&all);
+            layer.l2_mean.push(mean_of(l2_sum, rows));
+            layer.l2_max.push(l2_max);
         }
-        let [mut l2_head, mut l2_layer] = l2;
-        for (t, out) in tables.iter_mut().enumerate() {
-            let (cache, layer, ml, kind) = std::mem::take(&mut keys[t]);
-            out.i32("cache", cache);
-            out.i32("layer", layer);
-            out.opt_i32("model_layer", ml);
-            out.kind("kind", &kind);
-            if t == 0 {
-                out.i32("head", std::mem::take(&mut chan_head));
-                out.i32("channel", std::mem::take(&mut sub[0]));
-            } else if t == 1 {
-                out.i32("head", std::mem::take(&mut sub[1]));
-            }
-            out.u64("count", std::mem::take(&mut counts[t]));
-            let [mean, std, min, max, absmax, _] = std::mem::take(&mut moments[t]);
-            out.f64("mean", mean);
-            out.f64("std", std);
-            out.f64("min", min);
-            out.f64("max", max);
-            out.f64("absmax", absmax);
-            let l2 = match t {
-                1 => Some(std::mem::take(&mut l2_head)),
-                2 => Some(std::mem::take(&mut l2_layer)),
-                _ => None,
-            };
-            if let Some((mean_l2, max_l2)) = l2 {
-                out.f64("l2_mean", mean_l2);
-                out.f64("l2_max", max_l2);
-            }
-        }
-        let [a, b, c] = tables;
-        Ok((a.finish(), b.finish(), c.finish()))
+        Ok((
+            chan.finish(true, true),
+            head.finish(true, false),
+            layer.finish(false, false),
+        ))
     })
 }
 
@@ -258,7 +320,8 @@ pub fn quant_error(
     let ty = parse_type(type_name)?;
     py.detach(|| {
         let mut out = Columns::default();
-        let (mut cache, mut layer, mut ml, mut kind, mut head) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut cache, mut layer, mut ml, mut kind, mut head) =
+            (vec![], vec![], vec![], vec![], vec![]);
         let mut cols: [Vec<f64>; 8] = Default::default();
         let mut count = vec![];
         for group in grouped(&sf, &sel)? {
@@ -280,8 +343,9 @@ pub fn quant_error(
             };
             let mut sums = vec![Default::default(); n / j0.head_dim];
             for job in &group {
-                let cells: Vec<usize> =
-                    (0..job.stream.cell_count as usize).filter(|c| job.stream.pos[*c] >= skip_first).collect();
+                let cells: Vec<usize> = (0..job.stream.cell_count as usize)
+                    .filter(|c| job.stream.pos[*c] >= skip_first)
+                    .collect();
                 let s = round_trip_loss(&view(&sf, job), &cells, j0.head_dim, &trip);
                 for (a, b) in sums.iter_mut().zip(&s) {
                     kvfast_core::stats::LossSums::merge(a, b);
@@ -331,7 +395,11 @@ pub fn quant_error(
 
 /// Quantize f32 values (whole blocks) with ggml's reference quantizer for `type_name`.
 #[pyfunction]
-pub fn quantize<'py>(py: Python<'py>, type_name: &str, values: Vec<f32>) -> PyResult<Bound<'py, PyBytes>> {
+pub fn quantize<'py>(
+    py: Python<'py>,
+    type_name: &str,
+    values: Vec<f32>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let ty = parse_type(type_name)?;
     let rb = ty
         .row_bytes(values.len() as u64)
@@ -433,19 +501,32 @@ pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> PyResult<Ar
 fn check_geometry(a: &StateFile, b: &StateFile) -> PyResult<()> {
     let (ca, cb) = (&a.layout.caches, &b.layout.caches);
     if ca.len() != cb.len() {
-        return Err(value_error(format!("A has {} KV caches, B has {}", ca.len(), cb.len())));
+        return Err(value_error(format!(
+            "A has {} KV caches, B has {}",
+            ca.len(),
+            cb.len()
+        )));
     }
     for (i, (x, y)) in ca.iter().zip(cb).enumerate() {
         let shape = |c: &kvfast_core::Cache| -> Vec<(u64, Option<u64>)> {
             c.streams
                 .iter()
                 .find(|s| s.cell_count > 0)
-                .map(|s| s.layers.iter().map(|l| (l.k.n_embd, l.v.as_ref().map(|v| v.n_embd))).collect())
+                .map(|s| {
+                    s.layers
+                        .iter()
+                        .map(|l| (l.k.n_embd, l.v.as_ref().map(|v| v.n_embd)))
+                        .collect()
+                })
                 .unwrap_or_default()
         };
         let (sx, sy) = (shape(x), shape(y));
         if sx.len() != sy.len() {
-            return Err(value_error(format!("cache {i}: A has {} layers, B has {}", sx.len(), sy.len())));
+            return Err(value_error(format!(
+                "cache {i}: A has {} layers, B has {}",
+                sx.len(),
+                sy.len()
+            )));
         }
         for (l, (p, q)) in sx.iter().zip(&sy).enumerate() {
             if p != q {

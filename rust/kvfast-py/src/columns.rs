@@ -16,7 +16,8 @@ pub struct Columns {
 
 impl Columns {
     fn push(&mut self, name: &str, a: ArrayRef) {
-        self.fields.push(Field::new(name, a.data_type().clone(), true));
+        self.fields
+            .push(Field::new(name, a.data_type().clone(), true));
         self.arrays.push(a);
     }
 
@@ -55,7 +56,11 @@ impl Columns {
 
     pub fn finish(self) -> ArrowStream {
         let schema = Arc::new(Schema::new(self.fields));
-        let batch = RecordBatch::try_new(schema.clone(), self.arrays).expect("columns of equal length");
-        ArrowStream { schema, batches: vec![batch] }
+        let batch =
+            RecordBatch::try_new(schema.clone(), self.arrays).expect("columns of equal length");
+        ArrowStream {
+            schema,
+            batches: vec![batch],
+        }
     }
 }

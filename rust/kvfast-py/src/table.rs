@@ -281,7 +281,11 @@ pub fn optional_i32(v: Vec<Option<i32>>) -> Int32Array {
 
 /// (cell, seq) pairs of the cells at positions >= `skip_first`: a cell of several sequences
 /// appears once per sequence; a cell that lists none belongs to the state's own sequence.
-pub fn cell_seq_pairs(s: &Stream, seq_default: Option<i32>, skip_first: i32) -> Vec<(usize, Option<i32>)> {
+pub fn cell_seq_pairs(
+    s: &Stream,
+    seq_default: Option<i32>,
+    skip_first: i32,
+) -> Vec<(usize, Option<i32>)> {
     let mut pairs = Vec::with_capacity(s.cell_count as usize);
     for c in 0..s.cell_count as usize {
         if s.pos[c] < skip_first {
@@ -300,7 +304,10 @@ pub fn cell_seq_pairs(s: &Stream, seq_default: Option<i32>, skip_first: i32) -> 
 /// The model layer of a job: from the model's map, or the layer itself in a one-cache state.
 pub fn model_layer(sf: &StateFile, sel: &Selection, cache: u32, layer: u32) -> Option<i32> {
     match &sel.model_layers {
-        Some(m) => m.get(cache as usize).and_then(|c| c.get(layer as usize)).copied(),
+        Some(m) => m
+            .get(cache as usize)
+            .and_then(|c| c.get(layer as usize))
+            .copied(),
         None if sf.layout.caches.len() == 1 => Some(layer as i32),
         None => None,
     }
