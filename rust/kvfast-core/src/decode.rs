@@ -1,6 +1,7 @@
 //! Rows of every cache type to f32, bit for bit as ggml's `dequantize_row_*` computes them.
 
 use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
 
 use crate::types::GgmlType;
@@ -15,6 +16,53 @@ fn h(b: &[u8], i: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
 }
 
+/// f16 to f32 with the CPU's conversion instructions where it has them (F16C), else in software;
+/// both are exact.
+fn f16_row(src: &[u8], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has F16C and AVX.
+        unsafe { f16_row_f16c(src, dst) };
+        return;
+    }
+    #[cfg(target_endian = "little")]
+    if (src.as_ptr() as usize) % 2 == 0 {
+        // SAFETY: `src` is 2-aligned and holds `dst.len()` little-endian u16 values.
+        let bits: &[u16] =
+            unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u16, dst.len()) };
+        bits.reinterpret_cast::<f16>().convert_to_f32_slice(dst);
+        return;
+    }
+    let mut tmp = [0u16; 256];
+    for (d, s) in dst.chunks_mut(256).zip(src.chunks(512)) {
+        for (t, c) in tmp.iter_mut().zip(s.chunks_exact(2)) {
+            *t = u16::from_le_bytes([c[0], c[1]]);
+        }
+        tmp[..d.len()]
+            .reinterpret_cast::<f16>()
+            .convert_to_f32_slice(d);
+    }
+}
+
+/// Eight values at a time with VCVTPH2PS; unaligned loads, so any file offset works.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn f16_row_f16c(src: &[u8], dst: &mut [f32]) {
+    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+    let n = dst.len();
+    let whole = n / 8 * 8;
+    for i in (0..whole).step_by(8) {
+        // SAFETY: i + 8 <= n; `src` holds 2 * n bytes.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(2 * i) as *const __m128i);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+    }
+    for i in whole..n {
+        dst[i] = f16::from_bits(u16::from_le_bytes([src[2 * i], src[2 * i + 1]])).to_f32();
+    }
+}
+
 /// Decode one row: `src` holds whole blocks of `ty`, `dst` their values.
 pub fn decode_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     let bb = ty.block_bytes();
@@ -26,11 +74,7 @@ pub fn decode_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
                 *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
-        GgmlType::F16 => {
-            for (o, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
-            }
-        }
+        GgmlType::F16 => f16_row(src, dst),
         GgmlType::Bf16 => {
             for (o, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
                 *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
@@ -108,6 +152,7 @@ pub fn decode_rows(ty: GgmlType, src: &[u8], row_bytes: usize, n_embd: usize, ds
     dst.par_chunks_mut(per * n_embd)
         .zip(src.par_chunks(per * row_bytes))
         .for_each(|(o, s)| {
+            crate::view::populate(s);
             for (orow, srow) in o.chunks_exact_mut(n_embd).zip(s.chunks_exact(row_bytes)) {
                 decode_row(ty, srow, orow);
             }

@@ -6,7 +6,7 @@ use kvfast_core::decode::decode_row;
 use kvfast_core::quantize::quantize_row;
 use kvfast_core::stats::{
     accumulate, cell_stats as stats_of_cells, compare as compare_rows, round_trip_loss, Accum,
-    Moments,
+    CellStats, Moments,
 };
 use kvfast_core::view::RecordView;
 use kvfast_core::{GgmlType, StateFile};
@@ -66,65 +66,88 @@ pub fn cell_stats(
     let sf = state.get()?;
     let sel = sel.selection()?;
     py.detach(|| {
-        let jobs = jobs(&sf, &sel).map_err(value_error)?;
-        let mut idx: [Vec<i32>; 6] = Default::default();
-        let (mut kinds, mut mls, mut seqs, mut heads) = (vec![], vec![], vec![], vec![]);
-        let mut vals: [Vec<f64>; 3] = Default::default();
-        let mut fvals: [Vec<f32>; 3] = Default::default();
-        let mut argmax = vec![];
-        for job in &jobs {
+        let mut batches = vec![];
+        for job in jobs(&sf, &sel).map_err(value_error)? {
             let pairs = cell_seq_pairs(job.stream, sf.layout.seq_id, skip_first);
             let cells: Vec<usize> = pairs.iter().map(|p| p.0).collect();
-            let stats = stats_of_cells(&view(&sf, job), &cells, job.head_dim);
-            let nh = job.rec.n_embd as usize / job.head_dim;
-            let ml = model_layer(&sf, &sel, job.cache, job.layer);
-            for (i, st) in stats.iter().enumerate() {
-                let (c, q) = pairs[i / nh];
-                for (col, v) in idx.iter_mut().zip([
-                    job.cache as i32,
-                    job.stream.index as i32,
-                    job.layer as i32,
-                    c as i32,
-                    job.stream.pos[c],
-                    0,
-                ]) {
-                    col.push(v);
-                }
-                kinds.push(job.kind);
-                mls.push(ml);
-                seqs.push(q);
-                heads.push((i % nh) as i32);
-                for (col, v) in vals.iter_mut().zip([st.l2, st.mean, st.std]) {
-                    col.push(v);
-                }
-                for (col, v) in fvals.iter_mut().zip([st.min, st.max, st.absmax]) {
-                    col.push(v);
-                }
-                argmax.push(st.argmax);
-            }
+            let stats = stats_of_cells(&view(&sf, &job), &cells, job.head_dim);
+            batches.push(cell_batch(&sf, &sel, &job, &pairs, stats));
         }
-        let [cache, stream, layer, cell, pos, _] = idx;
-        let [l2, mean, std] = vals;
-        let [min, max, absmax] = fvals;
-        let mut out = Columns::default();
-        out.i32("cache", cache);
-        out.i32("stream", stream);
-        out.i32("layer", layer);
-        out.opt_i32("model_layer", mls);
-        out.kind("kind", &kinds);
-        out.i32("cell", cell);
-        out.i32("pos", pos);
-        out.opt_i32("seq_id", seqs);
-        out.i32("head", heads);
-        out.f64("l2", l2);
-        out.f64("mean", mean);
-        out.f64("std", std);
-        out.f32_as_f64("min", min);
-        out.f32_as_f64("max", max);
-        out.f32_as_f64("absmax", absmax);
-        out.u32("argmax", argmax);
-        Ok(out.finish())
+        let schema = match batches.first() {
+            Some(b) => b.schema(),
+            None => cell_batch(&sf, &sel, &empty_job(&sf)?, &[], CellStats::default()).schema(),
+        };
+        Ok(ArrowStream { schema, batches })
     })
+}
+
+/// A stand-in job to give an empty result its schema.
+fn empty_job(sf: &StateFile) -> PyResult<Job<'_>> {
+    let stream = sf
+        .layout
+        .caches
+        .iter()
+        .flat_map(|c| &c.streams)
+        .find(|s| !s.layers.is_empty())
+        .ok_or_else(|| value_error("the state holds no cells"))?;
+    Ok(Job {
+        cache: 0,
+        stream,
+        layer: 0,
+        kind: "k",
+        rec: &stream.layers[0].k,
+        head_dim: 1,
+    })
+}
+
+/// One record's cell statistics as a batch: index columns, then the statistics.
+fn cell_batch(
+    sf: &StateFile,
+    sel: &Selection,
+    job: &Job,
+    pairs: &[(usize, Option<i32>)],
+    stats: CellStats,
+) -> arrow_array::RecordBatch {
+    let nh = job.rec.n_embd as usize / job.head_dim;
+    let n = pairs.len() * nh;
+    let mut keys = Keys::default();
+    keys.extend(job, model_layer(sf, sel, job.cache, job.layer), n);
+    let (mut cell, mut pos, mut seq, mut head) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for (c, q) in pairs {
+        cell.extend(std::iter::repeat_n(*c as i32, nh));
+        pos.extend(std::iter::repeat_n(job.stream.pos[*c], nh));
+        seq.extend(std::iter::repeat_n(*q, nh));
+        head.extend(0..nh as i32);
+    }
+    let mut out = Columns::default();
+    let Keys {
+        cache,
+        layer,
+        model_layer,
+        kind,
+    } = keys;
+    out.i32("cache", cache);
+    out.i32("stream", vec![job.stream.index as i32; n]);
+    out.i32("layer", layer);
+    out.opt_i32("model_layer", model_layer);
+    out.kind("kind", &kind);
+    out.i32("cell", cell);
+    out.i32("pos", pos);
+    out.opt_i32("seq_id", seq);
+    out.i32("head", head);
+    out.f64("l2", stats.l2);
+    out.f64("mean", stats.mean);
+    out.f64("std", stats.std);
+    out.f32("min", stats.min);
+    out.f32("max", stats.max);
+    out.f32("absmax", stats.absmax);
+    out.u32("argmax", stats.argmax);
+    out.batch()
 }
 
 /// Group the selected records by (cache, layer, kind) across streams, in first-seen order.
@@ -155,10 +178,14 @@ struct Keys {
 
 impl Keys {
     fn push(&mut self, job: &Job, model_layer: Option<i32>) {
-        self.cache.push(job.cache as i32);
-        self.layer.push(job.layer as i32);
-        self.model_layer.push(model_layer);
-        self.kind.push(job.kind);
+        self.extend(job, model_layer, 1);
+    }
+
+    fn extend(&mut self, job: &Job, model_layer: Option<i32>, n: usize) {
+        self.cache.extend(std::iter::repeat_n(job.cache as i32, n));
+        self.layer.extend(std::iter::repeat_n(job.layer as i32, n));
+        self.model_layer.extend(std::iter::repeat_n(model_layer, n));
+        self.kind.extend(std::iter::repeat_n(job.kind, n));
     }
 
     fn write(self, out: &mut Columns) {

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Float64Array, Int32Array, RecordBatch, UInt32Array, UInt64Array};
+use arrow_array::{
+    ArrayRef, Float32Array, Float64Array, Int32Array, RecordBatch, UInt32Array, UInt64Array,
+};
 use arrow_schema::{Field, Schema};
 
 use crate::stream::ArrowStream;
@@ -41,8 +43,8 @@ impl Columns {
         self.push(name, Arc::new(Float64Array::from(v)));
     }
 
-    pub fn f32_as_f64(&mut self, name: &str, v: Vec<f32>) {
-        self.f64(name, v.into_iter().map(f64::from).collect());
+    pub fn f32(&mut self, name: &str, v: Vec<f32>) {
+        self.push(name, Arc::new(Float32Array::from(v)));
     }
 
     /// A column of one-byte kinds ('k' / 'v').
@@ -52,6 +54,12 @@ impl Columns {
             _ => arrow_array::StringArray::from(v.to_vec()),
         };
         self.push(name, Arc::new(a));
+    }
+
+    /// The columns as one record batch.
+    pub fn batch(self) -> RecordBatch {
+        let schema = Arc::new(Schema::new(self.fields));
+        RecordBatch::try_new(schema, self.arrays).expect("columns of equal length")
     }
 
     pub fn finish(self) -> ArrowStream {
