@@ -48,7 +48,11 @@ def records(d: kvfast.Dump) -> list[tuple[int, int, int]]:
 def numpy_cells(mm: mmap.mmap, recs: list[tuple[int, int, int]]) -> int:
     rows = 0
     for off, nb, cells in recs:
-        x = np.frombuffer(mm, "<f2", count=nb // 2, offset=off).astype(np.float32).reshape(cells, -1, HEAD_DIM)
+        x = (
+            np.frombuffer(mm, "<f2", count=nb // 2, offset=off)
+            .astype(np.float32)
+            .reshape(cells, -1, HEAD_DIM)
+        )
         ax = np.abs(x)
         out = (
             np.sqrt(np.einsum("chd,chd->ch", x, x, dtype=np.float64)),
