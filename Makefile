@@ -40,6 +40,7 @@ fmt:
 
 bench: install
 	$(PY) benches/bench_values.py
+	$(PY) benches/bench_stats.py
 
 clean:
 	rm -rf $(VENV) target
