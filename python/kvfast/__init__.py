@@ -9,6 +9,7 @@ from importlib.resources import files
 
 from kvfast._kvfast import __version__
 from kvfast.analysis import MatchError, compare
+from kvfast.dataset import manifest, scan, scan_stats
 from kvfast.dump import Dump, open
 from kvfast.errors import (
     AmbiguousError,
@@ -19,6 +20,7 @@ from kvfast.errors import (
     TruncatedError,
     UnsupportedVersionError,
 )
+from kvfast.export import ExportError, export
 from kvfast.model import ModelGeometry
 from kvfast.structure import Cache, Layer, Stream
 
@@ -33,6 +35,7 @@ __all__ = [
     "Cache",
     "ClosedError",
     "Dump",
+    "ExportError",
     "FormatError",
     "KvfastError",
     "Layer",
@@ -44,6 +47,10 @@ __all__ = [
     "UnsupportedVersionError",
     "__version__",
     "compare",
+    "export",
+    "manifest",
     "open",
     "sample_path",
+    "scan",
+    "scan_stats",
 ]

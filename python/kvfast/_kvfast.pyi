@@ -75,6 +75,7 @@ class State:
         head_dim_k: int | None = None,
         head_dim_v: int | None = None,
         model_layers: list[list[int]] | None = None,
+        with_values: bool = True,
     ) -> ArrowStream: ...
 
 def gguf_metadata(path: str | PathLike[str]) -> dict[str, Any]: ...

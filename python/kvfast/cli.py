@@ -139,6 +139,45 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    report = kvfast.export(
+        args.states,
+        args.output,
+        what="stats" if args.stats else "values",
+        by=args.by,
+        partition_by=tuple(args.partition_by),
+        jobs=args.jobs,
+        head_dim=args.head_dim,
+        model=args.model,
+        on_error=args.on_error,
+    )
+    counts = report.group_by("status").len().sort("status")
+    print(
+        ", ".join(f"{n} {s}" for s, n in counts.iter_rows())
+        + f"; {report['rows'].sum():,} rows in {args.output}"
+    )
+    for path, err in report.filter(status="failed").select("path", "error").iter_rows():
+        print(f"failed: {path}: {err}", file=sys.stderr)
+    return 1 if report.filter(status="failed").height else 0
+
+
+def _cmd_manifest(args: argparse.Namespace) -> int:
+    df = kvfast.manifest(args.states)
+    if args.output:
+        df.write_parquet(args.output)
+        print(f"wrote {df.height} rows to {args.output}")
+    elif args.json:
+        print(df.write_json())
+    else:
+        with pl.Config(tbl_rows=args.rows, tbl_cols=-1, tbl_width_chars=200, fmt_str_lengths=80):
+            print(df)
+    return 0
+
+
+def _states(p: argparse.ArgumentParser) -> None:
+    p.add_argument("states", nargs="+", help="state files, a glob pattern or a directory")
+
+
 def _table_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, nargs="+", help="only these layers (index within the cache)")
     p.add_argument("--kinds", nargs="+", choices=["k", "v"], help="only K or V")
@@ -186,6 +225,38 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("--by", choices=["cell", "layer"], default="layer")
     _table_options(diff)
     diff.set_defaults(run=_cmd_diff)
+
+    exp = sub.add_parser(
+        "export",
+        help="write many states as hive-partitioned Parquet",
+        description="Export the value table (or statistics) of many states to Parquet: streaming, parallel,"
+        " resumable (unchanged states already exported are skipped), atomic.",
+        epilog="example: kvfast export dumps/ -o parquet/ --jobs 4 --on-error skip",
+    )
+    _states(exp)
+    exp.add_argument("-o", "--output", required=True, help="output folder")
+    exp.add_argument("--stats", action="store_true", help="export statistics instead of values")
+    exp.add_argument(
+        "--by", choices=["cell", "channel", "head", "layer"], default="cell", help="with --stats"
+    )
+    exp.add_argument("--partition-by", nargs="*", default=["layer"], choices=["cache", "layer", "kind"])
+    exp.add_argument("--jobs", type=int, help="states written at once (default: all cores)")
+    exp.add_argument("--on-error", choices=["skip", "fail"], default="fail")
+    exp.add_argument("--head-dim", type=int, help="values per head")
+    exp.add_argument("--model", help="a GGUF model: head sizes and the model's layer order")
+    exp.set_defaults(run=_cmd_export)
+
+    man = sub.add_parser(
+        "manifest",
+        help="one row of metadata per state",
+        description="List states with their container, version, arch, caches, layers, cells and types.",
+        epilog="example: kvfast manifest dumps/ -o manifest.parquet",
+    )
+    _states(man)
+    man.add_argument("-o", "--output", help="write Parquet here instead of printing")
+    man.add_argument("--json", action="store_true", help="print JSON rows")
+    man.add_argument("--rows", type=int, default=50, help="rows to print (default 50)")
+    man.set_defaults(run=_cmd_manifest)
     return p
 
 

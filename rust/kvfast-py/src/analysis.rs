@@ -47,6 +47,7 @@ impl Select {
             head_dim_k: self.head_dim_k,
             head_dim_v: self.head_dim_v,
             model_layers: self.model_layers,
+            with_values: true,
         })
     }
 }

@@ -254,7 +254,7 @@ impl State {
     }
 
     /// The long value table as Arrow batches.
-    #[pyo3(signature = (caches=None, layers=None, kinds=None, heads=None, dtype=None, head_dim_k=None, head_dim_v=None, model_layers=None))]
+    #[pyo3(signature = (caches=None, layers=None, kinds=None, heads=None, dtype=None, head_dim_k=None, head_dim_v=None, model_layers=None, with_values=true))]
     #[allow(clippy::too_many_arguments)]
     fn table(
         &self,
@@ -267,6 +267,7 @@ impl State {
         head_dim_k: Option<u64>,
         head_dim_v: Option<u64>,
         model_layers: Option<Vec<Vec<i32>>>,
+        with_values: bool,
     ) -> PyResult<ArrowStream> {
         let sf = self.get()?;
         let kinds = match kinds {
@@ -282,6 +283,7 @@ impl State {
             head_dim_k,
             head_dim_v,
             model_layers,
+            with_values,
         };
         let seq_default = sf.layout.seq_id;
         let (schema, batches) = py

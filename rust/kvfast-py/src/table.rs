@@ -6,7 +6,7 @@ use arrow_array::{
     ArrayRef, FixedSizeListArray, Float16Array, Float32Array, Int32Array, RecordBatch, StringArray,
 };
 use arrow_buffer::{Buffer, MutableBuffer, OffsetBuffer, ScalarBuffer};
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
 use kvfast_core::{Record, StateFile, Stream};
 
 use crate::rows::{out_type, record_rows, Dtype, Out, Rows};
@@ -22,6 +22,8 @@ pub struct Selection {
     pub head_dim_v: Option<u64>,
     /// The model's own layer index of each cache's layers (iSWA caches interleave).
     pub model_layers: Option<Vec<Vec<i32>>>,
+    /// Build the values column (else only the index columns).
+    pub with_values: bool,
 }
 
 /// One record to turn into a batch.
@@ -151,10 +153,11 @@ pub fn batches(
     sel: &Selection,
     seq_default: Option<i32>,
 ) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
-    let (schema, _) = plan_schema(sf, sel)?;
-    let DataType::FixedSizeList(_, hd) = schema.field(VALUES).data_type() else {
+    let (full, _) = plan_schema(sf, sel)?;
+    let DataType::FixedSizeList(item, hd) = full.field(VALUES).data_type().clone() else {
         unreachable!()
     };
+    let schema = full;
     let want = if matches!(schema.field(VALUES).data_type(), DataType::FixedSizeList(f, _) if f.data_type() == &DataType::Float16)
     {
         Out::F16
@@ -166,9 +169,20 @@ pub fn batches(
     } else {
         Dtype::F32
     };
+    let schema = if sel.with_values {
+        schema
+    } else {
+        Arc::new(
+            schema
+                .project(&(0..VALUES).collect::<Vec<_>>())
+                .map_err(|e| e.to_string())?,
+        )
+    };
     let mut out = Vec::new();
     for job in jobs(sf, sel)? {
-        let rows = record_rows(sf, job.rec, job.stream.cell_count as usize, dtype);
+        let rows = sel
+            .with_values
+            .then(|| record_rows(sf, job.rec, job.stream.cell_count as usize, dtype));
         let model_layer = model_layer(sf, sel, job.cache, job.layer);
         out.push(batch(
             &schema,
@@ -177,7 +191,7 @@ pub fn batches(
             sel.heads.as_deref(),
             seq_default,
             model_layer,
-            *hd as usize,
+            (&item, hd as usize),
         )?);
     }
     Ok((schema, out))
@@ -186,17 +200,34 @@ pub fn batches(
 fn batch(
     schema: &SchemaRef,
     job: &Job,
-    rows: Rows,
+    rows: Option<Rows>,
     heads: Option<&[u32]>,
     seq_default: Option<i32>,
     model_layer: Option<i32>,
-    hd: usize,
+    (item, hd): (&FieldRef, usize),
 ) -> Result<RecordBatch, String> {
     let s = job.stream;
-    let n_heads = rows.n_embd / hd;
+    let n_heads = job.rec.n_embd as usize / hd;
     let all_heads: Vec<u32> = (0..n_heads as u32).collect();
     let heads = heads.unwrap_or(&all_heads);
     let pairs = cell_seq_pairs(s, seq_default, 0);
+    let mut columns = index_columns(job, &pairs, heads, model_layer);
+    if let Some(rows) = rows {
+        columns.push(values(item, rows, &pairs, heads, hd)?);
+    }
+    RecordBatch::try_new(schema.clone(), columns).map_err(|e| e.to_string())
+}
+
+/// The values of the selected (cell, sequence) pairs and heads, as a fixed-size list column: the
+/// record's own buffer when nothing is repeated or left out, else a gathered copy.
+fn values(
+    item: &FieldRef,
+    rows: Rows,
+    pairs: &[(usize, Option<i32>)],
+    heads: &[u32],
+    hd: usize,
+) -> Result<ArrayRef, String> {
+    let n_heads = rows.n_embd / hd;
     let n = pairs.len() * heads.len();
     let identity = pairs.len() == rows.cells && heads.len() == n_heads;
     let values_buf = if identity {
@@ -205,7 +236,7 @@ fn batch(
         let es = rows.out.size();
         let mut m = MutableBuffer::with_capacity(n * hd * es);
         let src = rows.buf.as_slice();
-        for (c, _) in &pairs {
+        for (c, _) in pairs {
             for h in heads {
                 let start = (c * rows.n_embd + *h as usize * hd) * es;
                 m.extend_from_slice(&src[start..start + hd * es]);
@@ -223,17 +254,26 @@ fn batch(
             None,
         )),
     };
-    let DataType::FixedSizeList(item, _) = schema.field(VALUES).data_type() else {
-        unreachable!()
-    };
     let list = FixedSizeListArray::try_new(item.clone(), hd as i32, values, None)
         .map_err(|e| e.to_string())?;
+    Ok(Arc::new(list))
+}
+
+/// cache, stream, layer, model_layer, kind, cell, pos, seq_id, head.
+fn index_columns(
+    job: &Job,
+    pairs: &[(usize, Option<i32>)],
+    heads: &[u32],
+    model_layer: Option<i32>,
+) -> Vec<ArrayRef> {
+    let s = job.stream;
+    let n = pairs.len() * heads.len();
     let constant = |v: i32| Arc::new(Int32Array::from(vec![v; n])) as ArrayRef;
     let mut cell = Vec::with_capacity(n);
     let mut pos = Vec::with_capacity(n);
     let mut seq = Vec::with_capacity(n);
     let mut head = Vec::with_capacity(n);
-    for (c, q) in &pairs {
+    for (c, q) in pairs {
         for h in heads {
             cell.push(*c as i32);
             pos.push(s.pos[*c]);
@@ -241,22 +281,17 @@ fn batch(
             head.push(*h as i32);
         }
     }
-    RecordBatch::try_new(
-        schema.clone(),
-        vec![
-            constant(job.cache as i32),
-            constant(s.index as i32),
-            constant(job.layer as i32),
-            Arc::new(Int32Array::from(vec![model_layer; n])),
-            Arc::new(repeated_str(job.kind, n)),
-            Arc::new(Int32Array::from(cell)),
-            Arc::new(Int32Array::from(pos)),
-            Arc::new(optional_i32(seq)),
-            Arc::new(Int32Array::from(head)),
-            Arc::new(list),
-        ],
-    )
-    .map_err(|e| e.to_string())
+    vec![
+        constant(job.cache as i32),
+        constant(s.index as i32),
+        constant(job.layer as i32),
+        Arc::new(Int32Array::from(vec![model_layer; n])),
+        Arc::new(repeated_str(job.kind, n)),
+        Arc::new(Int32Array::from(cell)),
+        Arc::new(Int32Array::from(pos)),
+        Arc::new(optional_i32(seq)),
+        Arc::new(Int32Array::from(head)),
+    ]
 }
 
 /// `n` copies of a one-byte string, built from its buffers.

@@ -1,0 +1,352 @@
+"""Many states as one dataset: lazy Polars scans with pushdown, and a metadata manifest.
+
+`scan` registers a Polars IO source. Polars hands it the projection, the predicate, the row limit
+and a batch size, and does not re-apply the predicate nor the limit: this source applies both
+exactly. The predicate is pushed down as far as its columns allow:
+- only dump / cache / layer / model_layer / kind: records that fail it are never read;
+- index columns too (stream, cell, pos, seq_id, head): each record's index is built and filtered
+  first (no value bytes), and a record with no row left is never read;
+- values: every record of the dumps left is read, then filtered.
+A projection without `values` reads no value bytes at all.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from kvfast.dump import Dump, open
+from kvfast.model import ModelGeometry
+
+STATE_SUFFIXES = (".bin", ".ggsq", ".ggsn", ".state", ".session", ".slot")
+RECORD_COLS = frozenset({"dump", "cache", "layer", "model_layer", "kind"})
+INDEX_COLS = RECORD_COLS | {"stream", "cell", "pos", "seq_id", "head"}
+INDEX_SCHEMA: dict[str, pl.DataType] = {
+    "dump": pl.String(),
+    "cache": pl.Int32(),
+    "stream": pl.Int32(),
+    "layer": pl.Int32(),
+    "model_layer": pl.Int32(),
+    "kind": pl.String(),
+    "cell": pl.Int32(),
+    "pos": pl.Int32(),
+    "seq_id": pl.Int32(),
+    "head": pl.Int32(),
+}
+
+#: Records and value bytes read by scans in this process (to see pushdown at work).
+READS: Counter[str] = Counter()
+
+Paths = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+
+def expand(paths: Paths) -> list[str]:
+    """Paths, glob patterns and directories (their state files), as a list of files in order."""
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    found: list[str] = []
+    for item in items:
+        p = os.fspath(item)
+        if os.path.isdir(p):
+            found += [str(f) for f in sorted(Path(p).iterdir()) if f.is_file() and f.suffix in STATE_SUFFIXES]
+        elif any(c in p for c in "*?[") and not os.path.exists(p):
+            found += sorted(glob.glob(p, recursive=True))
+        else:
+            found.append(p)
+    if not found:
+        raise FileNotFoundError(f"no state files in {paths!r}")
+    return found
+
+
+def _geometry(model: str | os.PathLike[str] | ModelGeometry | None) -> ModelGeometry | None:
+    if model is None or isinstance(model, ModelGeometry):
+        return model
+    return ModelGeometry.from_gguf(model)
+
+
+def _records(d: Dump) -> pl.DataFrame:
+    """One row per (cache, layer, kind) present in the dump."""
+    rows: list[dict[str, Any]] = []
+    for c in d.caches:
+        s = max(c.streams, key=lambda s: len(s.layers))
+        for ly in s.layers:
+            for kind in ("k", "v"):
+                if kind == "k" or ly.v_type is not None:
+                    rows.append(
+                        {
+                            "dump": d.path,
+                            "cache": c.index,
+                            "layer": ly.index,
+                            "model_layer": ly.model_layer,
+                            "kind": kind,
+                        }
+                    )
+    schema = {k: INDEX_SCHEMA[k] for k in ("dump", "cache", "layer", "model_layer", "kind")}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _record_bytes(d: Dump, cache: int, layer: int, kind: str) -> int:
+    total = 0
+    for s in d.caches[cache].streams:
+        if layer < len(s.layers):
+            ly = s.layers[layer]
+            total += ly.k_nbytes if kind == "k" else (ly.v_nbytes or 0)
+    return total
+
+
+def _frame(d: Dump, cache: int, layer: int, kind: str, dtype: str | None, values: bool) -> pl.DataFrame:
+    stream = d._live().table(
+        caches=[cache],
+        layers=[layer],
+        kinds=[kind],
+        dtype=dtype,
+        head_dim_k=d.head_dim_k,
+        head_dim_v=d.head_dim_v,
+        model_layers=d._model_layers,
+        with_values=values,
+    )
+    if values:
+        READS["records"] += 1
+        READS["bytes"] += _record_bytes(d, cache, layer, kind)
+    df = pl.DataFrame(stream).with_columns(dump=pl.lit(d.path, pl.String()))
+    return df.select([*INDEX_SCHEMA, *(["values"] if values else [])])
+
+
+def _batches(
+    frames: Iterator[pl.DataFrame], n_rows: int | None, batch_size: int | None
+) -> Iterator[pl.DataFrame]:
+    left = n_rows
+    for df in frames:
+        if left is not None:
+            if left <= 0:
+                return
+            df = df.head(left)
+            left -= df.height
+        if batch_size and df.height > batch_size:
+            for start in range(0, df.height, batch_size):
+                yield df.slice(start, batch_size)
+        elif df.height:
+            yield df
+
+
+def _open_all(paths: list[str], head_dim: int | None, model: ModelGeometry | None) -> list[tuple[str, Dump]]:
+    out = []
+    for p in paths:
+        out.append((p, open(p, head_dim=head_dim, model=model)))
+    return out
+
+
+def _values_schema(dumps: list[Dump]) -> tuple[pl.DataType, str | None]:
+    """The values column's type over every dump: Float16 when every record is f16, else Float32."""
+    all_f16 = all(
+        ly.k_type == "f16" and ly.v_type in ("f16", None)
+        for d in dumps
+        for c in d.caches
+        for s in c.streams
+        for ly in s.layers
+    )
+    dims = set()
+    for d in dumps:
+        for c in d.caches:
+            for s in c.streams:
+                for ly in s.layers:
+                    dims.add(d.head_dim_k or ly.n_embd_k)
+                    if ly.n_embd_v is not None:
+                        dims.add(d.head_dim_v or ly.n_embd_v)
+    if len(dims) != 1:
+        raise ValueError(f"the states have different head sizes {sorted(dims)}: give head_dim or model")
+    inner = pl.Float16() if all_f16 else pl.Float32()
+    return pl.Array(inner, dims.pop()), None if all_f16 else "float32"
+
+
+def scan(
+    paths: Paths,
+    head_dim: int | None = None,
+    model: str | os.PathLike[str] | ModelGeometry | None = None,
+) -> pl.LazyFrame:
+    """The value table of every state as one lazy frame, with a ``dump`` column (the path).
+
+    Opening reads metadata only; rows are read when the query runs, and only those the projection
+    and the predicate need (see the module's doc).
+    """
+    geometry = _geometry(model)
+    files = expand(paths)
+    dumps = [d for _, d in _open_all(files, head_dim, geometry)]
+    values_type, dtype = _values_schema(dumps)
+    schema = {**INDEX_SCHEMA, "values": values_type}
+
+    def source(
+        with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, batch_size: int | None
+    ) -> Iterator[pl.DataFrame]:
+        wanted = list(schema) if with_columns is None else with_columns
+        roots = set(predicate.meta.root_names()) if predicate is not None else set()
+        need_values = "values" in wanted or "values" in roots
+        record_level = predicate is not None and roots <= RECORD_COLS
+        index_level = predicate is not None and not record_level and roots <= INDEX_COLS
+
+        def frames() -> Iterator[pl.DataFrame]:
+            for d in dumps:
+                recs = _records(d)
+                if record_level:
+                    assert predicate is not None
+                    recs = recs.filter(predicate)
+                for cache, layer, kind in recs.select("cache", "layer", "kind").iter_rows():
+                    if index_level:
+                        assert predicate is not None
+                        index = _frame(d, cache, layer, kind, dtype, values=False).filter(predicate)
+                        if index.is_empty():
+                            continue
+                        if not need_values:
+                            yield index.select(wanted)
+                            continue
+                    df = _frame(d, cache, layer, kind, dtype, values=need_values)
+                    if predicate is not None and not record_level:
+                        df = df.filter(predicate)
+                    yield df.select(wanted)
+
+        yield from _batches(frames(), n_rows, batch_size)
+
+    return _register(source, schema, f"kvfast.scan of {len(files)} states")
+
+
+def _register(source: Any, schema: dict[str, pl.DataType], detail: str) -> pl.LazyFrame:
+    from polars.io.plugins import register_io_source
+
+    return register_io_source(io_source=source, schema=schema, explain_name="kvfast", explain_detail=detail)
+
+
+STATS_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
+    "cell": {
+        **{
+            k: INDEX_SCHEMA[k]
+            for k in ("cache", "stream", "layer", "model_layer", "kind", "cell", "pos", "seq_id", "head")
+        },
+        "l2": pl.Float64(),
+        "mean": pl.Float64(),
+        "std": pl.Float64(),
+        "min": pl.Float32(),
+        "max": pl.Float32(),
+        "absmax": pl.Float32(),
+        "argmax": pl.UInt32(),
+    },
+    "channel": {
+        **{k: INDEX_SCHEMA[k] for k in ("cache", "layer", "model_layer", "kind", "head")},
+        "channel": pl.Int32(),
+        "count": pl.UInt64(),
+        **{k: pl.Float64() for k in ("mean", "std", "min", "max", "absmax", "outlier_ratio")},
+    },
+    "head": {
+        **{k: INDEX_SCHEMA[k] for k in ("cache", "layer", "model_layer", "kind", "head")},
+        "count": pl.UInt64(),
+        **{k: pl.Float64() for k in ("mean", "std", "min", "max", "absmax", "l2_mean", "l2_max")},
+    },
+    "layer": {
+        **{k: INDEX_SCHEMA[k] for k in ("cache", "layer", "model_layer", "kind")},
+        "count": pl.UInt64(),
+        **{k: pl.Float64() for k in ("mean", "std", "min", "max", "absmax", "l2_mean", "l2_max")},
+    },
+}
+
+
+def stats_frame(
+    d: Dump, by: str, layers: list[int] | None = None, kinds: list[str] | None = None
+) -> pl.DataFrame:
+    """`Dump.stats` with a leading ``dump`` column, in the schema `scan_stats` declares."""
+    df = d.stats(by=by, layers=layers, kinds=kinds)  # type: ignore[arg-type]
+    schema = STATS_SCHEMAS[by]
+    return df.with_columns(dump=pl.lit(d.path, pl.String())).select(
+        pl.col("dump"), *[pl.col(c).cast(t) for c, t in schema.items()]
+    )
+
+
+def scan_stats(
+    paths: Paths,
+    by: str = "cell",
+    head_dim: int | None = None,
+    model: str | os.PathLike[str] | ModelGeometry | None = None,
+) -> pl.LazyFrame:
+    """`Dump.stats(by=...)` of every state as one lazy frame, with a ``dump`` column. A predicate on
+    dump / cache / layer / model_layer / kind decides which records are read at all."""
+    if by not in STATS_SCHEMAS:
+        raise ValueError(f"by must be one of {sorted(STATS_SCHEMAS)}, not {by!r}")
+    geometry = _geometry(model)
+    files = expand(paths)
+    dumps = [d for _, d in _open_all(files, head_dim, geometry)]
+    schema = {"dump": pl.String(), **STATS_SCHEMAS[by]}
+
+    def source(
+        with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, batch_size: int | None
+    ) -> Iterator[pl.DataFrame]:
+        wanted = list(schema) if with_columns is None else with_columns
+        roots = set(predicate.meta.root_names()) if predicate is not None else set()
+        record_level = predicate is not None and roots <= RECORD_COLS
+
+        def frames() -> Iterator[pl.DataFrame]:
+            for d in dumps:
+                recs = _records(d)
+                if record_level:
+                    assert predicate is not None
+                    recs = recs.filter(predicate)
+                    if recs.is_empty():
+                        continue
+                layers = sorted(set(recs["layer"].to_list()))
+                kinds = sorted(set(recs["kind"].to_list()))
+                df = stats_frame(d, by, layers, kinds)
+                if predicate is not None:
+                    df = df.filter(predicate)
+                yield df.select(wanted)
+
+        yield from _batches(frames(), n_rows, batch_size)
+
+    return _register(source, schema, f"kvfast.scan_stats of {len(files)} states")
+
+
+def manifest(paths: Paths) -> pl.DataFrame:
+    """One row per state, from metadata only: path, size, container, version, arch, caches, layers,
+    cells, K/V types, token count; a state that fails to open has its error and nulls."""
+    rows = []
+    for p in expand(paths):
+        row: dict[str, Any] = {"path": p, "error": None}
+        try:
+            with open(p) as d:
+                layers = [ly for c in d.caches for ly in max(c.streams, key=lambda s: len(s.layers)).layers]
+                tokens = d.tokens
+                row.update(
+                    size=d.size,
+                    container=d.container,
+                    version=d.version,
+                    arch=d.arch,
+                    caches=len(d.caches),
+                    layers=len(layers),
+                    cells=max((sum(s.cell_count for s in c.streams) for c in d.caches), default=0),
+                    k_types=",".join(sorted({ly.k_type for ly in layers})),
+                    v_types=",".join(sorted({ly.v_type for ly in layers if ly.v_type})),
+                    n_tokens=None if tokens is None else len(tokens),
+                    row_bytes=d.row_bytes,
+                )
+        except Exception as e:  # noqa: BLE001 - the manifest reports every state, good or not
+            row.update(
+                size=os.path.getsize(p) if os.path.isfile(p) else None, error=f"{type(e).__name__}: {e}"
+            )
+        rows.append(row)
+    schema = {
+        "path": pl.String(),
+        "size": pl.UInt64(),
+        "container": pl.String(),
+        "version": pl.Int32(),
+        "arch": pl.String(),
+        "caches": pl.Int32(),
+        "layers": pl.Int32(),
+        "cells": pl.Int64(),
+        "k_types": pl.String(),
+        "v_types": pl.String(),
+        "n_tokens": pl.Int64(),
+        "row_bytes": pl.UInt64(),
+        "error": pl.String(),
+    }
+    return pl.DataFrame(rows, schema=schema)
