@@ -41,6 +41,7 @@ fmt:
 bench: install
 	$(PY) benches/bench_values.py
 	$(PY) benches/bench_stats.py
+	$(PY) benches/bench_export.py
 
 clean:
 	rm -rf $(VENV) target

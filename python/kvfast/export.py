@@ -26,7 +26,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvfast.dataset import Paths, _frame, _records, _values_schema, expand, stats_frame
+from kvfast.dataset import INDEX_SCHEMA, Paths, _frame, _records, _values_schema, expand, stats_frame
 from kvfast.dump import Dump, open
 from kvfast.errors import KvfastError
 from kvfast.model import ModelGeometry
@@ -104,7 +104,11 @@ def _write_atomic(frames: Iterator[pl.DataFrame], dest: Path) -> int:
         for df in frames:
             table: pa.Table = df.to_arrow()
             if writer is None:
-                writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
+                # dictionary-encode the index columns only: trying it on the values is slow and useless
+                dictionary = [c for c in table.column_names if c in INDEX_SCHEMA]
+                writer = pq.ParquetWriter(
+                    tmp, table.schema, compression="zstd", compression_level=1, use_dictionary=dictionary
+                )
             writer.write_table(table)
             rows += df.height
         if writer is None:
