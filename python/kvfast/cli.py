@@ -11,6 +11,7 @@ from typing import Any
 import polars as pl
 
 import kvfast
+from kvfast import cli_views
 from kvfast.dump import Dump
 
 
@@ -257,6 +258,8 @@ def _parser() -> argparse.ArgumentParser:
     man.add_argument("--json", action="store_true", help="print JSON rows")
     man.add_argument("--rows", type=int, default=50, help="rows to print (default 50)")
     man.set_defaults(run=_cmd_manifest)
+
+    cli_views.register(sub)
     return p
 
 
@@ -264,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return int(args.run(args))
-    except (kvfast.KvfastError, OSError, ValueError) as e:
+    except (kvfast.KvfastError, OSError, ValueError, ImportError) as e:
         print(f"kvfast: error: {e}", file=sys.stderr)
         return 1
 

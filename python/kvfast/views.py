@@ -1,0 +1,170 @@
+"""Text views of a state: rows as hex next to their decoded numbers, and where a value lives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kvfast.address import _FLOAT, _QUANT, locate, value_byte
+from kvfast.dump import Dump
+
+BLOCK_VALUES = 32
+
+
+def _record(d: Dump, cache: int, layer: int, kind: str) -> tuple[Any, Any, str, int, int, int]:
+    if not 0 <= cache < len(d.caches):
+        raise ValueError(f"no cache {cache}: the state has {len(d.caches)}")
+    s = next((x for x in d.caches[cache].streams if x.cell_count), d.caches[cache].streams[0])
+    if not 0 <= layer < len(s.layers):
+        raise ValueError(f"layer {layer} out of range: cache {cache} has {len(s.layers)} layers")
+    ly = s.layers[layer]
+    ty = ly.k_type if kind == "k" else ly.v_type
+    if ty is None:
+        raise ValueError(f"layer {layer} has no V record")
+    off = ly.k_offset if kind == "k" else ly.v_offset
+    n = ly.n_embd_k if kind == "k" else ly.n_embd_v
+    rb = ly.k_row_bytes if kind == "k" else ly.v_row_bytes
+    assert off is not None and n is not None and rb is not None
+    return s, ly, ty, off, n, rb
+
+
+def rows(
+    d: Dump, layer: int, kind: str = "k", cells: int = 3, head: int | None = None, cache: int = 0
+) -> list[dict[str, Any]]:
+    """The first `cells` rows of a record (or one head of them): file offset, bytes, values."""
+    s, _, ty, off, n, rb = _record(d, cache, layer, kind)
+    hd = (d.head_dim_k if kind == "k" else d.head_dim_v) or n
+    lo, hi = (0, n) if head is None else (head * hd, (head + 1) * hd)
+    if head is not None and not 0 <= head < n // hd:
+        raise ValueError(f"head {head} out of range: {n // hd} heads of {hd} values")
+    values = d.values(layer, kind, cache=cache, stream=s.index, dtype="float32")
+    with open(d.path, "rb") as f:
+        out = []
+        for c in range(min(cells, s.cell_count)):
+            transposed = kind == "v" and s.v_trans
+            if transposed:
+                el = _FLOAT[ty]
+                addrs = [off + (j * s.cell_count + c) * el for j in range(lo, hi)]
+                chunks = []
+                for a in addrs:
+                    f.seek(a)
+                    chunks.append(f.read(el))
+                data, start = b"".join(chunks), addrs[0]
+            else:
+                if ty in _QUANT:  # whole blocks covering the head
+                    bb = _QUANT[ty][0]
+                    b0, b1 = lo // BLOCK_VALUES, -(-hi // BLOCK_VALUES)
+                    start, length = off + c * rb + b0 * bb, (b1 - b0) * bb
+                else:
+                    start = off + c * rb + value_byte(ty, lo)
+                    length = value_byte(ty, hi) - value_byte(ty, lo)
+                f.seek(start)
+                data = f.read(length)
+            out.append(
+                {
+                    "cell": c,
+                    "pos": int(s.pos[c]),
+                    "seq_ids": s.seq_ids[c],
+                    "offset": start,
+                    "type": ty,
+                    "transposed": transposed,
+                    "hex": data.hex(),
+                    "values": [float(v) for v in values[c, lo:hi]],
+                }
+            )
+    return out
+
+
+def format_rows(rows_: list[dict[str, Any]], per_line: int = 16) -> str:
+    """Hex lines of `per_line` bytes with the file offset, then the numbers they hold."""
+    lines = []
+    for r in rows_:
+        data = bytes.fromhex(r["hex"])
+        how = ", V transposed: one element every cell apart" if r["transposed"] else ""
+        lines.append(
+            f"cell {r['cell']}  pos {r['pos']}  seq {r['seq_ids']}  {r['type']} at byte {r['offset']:,}{how}"
+        )
+        ty: str = r["type"]
+        vals = np.array(r["values"], np.float32)
+        if ty in _FLOAT and not r["transposed"]:
+            per_value = _FLOAT[ty]
+            for i in range(0, len(data), per_line):
+                chunk = data[i : i + per_line]
+                nums = " ".join(f"{v:+.4g}" for v in vals[i // per_value : (i + len(chunk)) // per_value])
+                lines.append(f"  {r['offset'] + i:>12,}  {chunk.hex(' '):<{per_line * 3}} {nums}")
+        elif ty in _QUANT:
+            bb = _QUANT[ty][0]
+            for b in range(len(data) // bb):
+                block = data[b * bb : (b + 1) * bb]
+                lines.append(f"  {r['offset'] + b * bb:>12,}  block {b}: {block.hex(' ')}")
+                block_vals = vals[b * BLOCK_VALUES : (b + 1) * BLOCK_VALUES]
+                lines.append("  " + " " * 14 + " ".join(f"{v:+.4g}" for v in block_vals))
+        else:
+            per_value = _FLOAT[ty]
+            for i, v in enumerate(vals):
+                lines.append(f"  element {i}: {data[i * per_value : (i + 1) * per_value].hex(' ')}  {v:+.6g}")
+    return "\n".join(lines)
+
+
+def address(
+    d: Dump,
+    layer: int,
+    cell: int,
+    head: int,
+    elem: int,
+    kind: str = "k",
+    n_ctx: int | None = None,
+    n_stream: int = 1,
+    cache: int = 0,
+) -> dict[str, Any]:
+    """Where one value lives in the file and in the live tensor, with the arithmetic spelled out."""
+    s, _, ty, off, n, rb = _record(d, cache, layer, kind)
+    hd = (d.head_dim_k if kind == "k" else d.head_dim_v) or n
+    w = locate(s, layer, cell, head, elem, kind, hd)
+    j = w.index
+    file_at = d.address(layer, cell, head, elem, kind, cache=cache, stream=s.index)
+    idx = f"(head {head} x {hd} + elem {elem}) = value {j}"
+    if w.transposed:
+        el = _FLOAT[ty]
+        file_how = (
+            f"{off:,} (V record rows) + ({j} x {s.cell_count} cells + cell {cell}) x {el} bytes = {file_at:,}"
+        )
+    elif ty in _QUANT:
+        bb, q = _QUANT[ty]
+        file_how = (
+            f"{off:,} (rows) + cell {cell} x {rb:,} bytes/row + block {j // 32} x {bb} bytes"
+            f" + {q} (scale) + {j % 32 if ty == 'q8_0' else j % 16} = {file_at:,}"
+        )
+    else:
+        file_how = f"{off:,} (rows) + cell {cell} x {rb:,} bytes/row + {j} x {_FLOAT[ty]} bytes = {file_at:,}"
+    out: dict[str, Any] = {
+        "layer": layer,
+        "kind": kind,
+        "cell": cell,
+        "pos": int(s.pos[cell]),
+        "head": head,
+        "elem": elem,
+        "index": j,
+        "index_how": idx,
+        "type": ty,
+        "value": float(d.values(layer, kind, cache=cache, stream=s.index, dtype="float32")[cell, j]),
+        "file_offset": file_at,
+        "file_how": file_how,
+    }
+    if n_ctx is not None:
+        t = d.tensor_address(
+            layer, cell, head, elem, kind, n_ctx=n_ctx, n_stream=n_stream, cache=cache, stream=s.index
+        )
+        kv = n_ctx // n_stream
+        if w.transposed:
+            el = _FLOAT[ty]
+            how = f"stream {s.index} x {kv} cells x {n} x {el} + ({j} x {kv} + cell {cell}) x {el} = {t:,}"
+            shape = f"[{kv}, {n}, {n_stream}] (V transposed)"
+        else:
+            how = (
+                f"stream {s.index} x {kv} cells x {rb:,} + cell {cell} x {rb:,} + {value_byte(ty, j)} = {t:,}"
+            )
+            shape = f"[{n}, {kv}, {n_stream}]"
+        out.update(tensor_offset=t, tensor_how=how, tensor_shape=shape)
+    return out
