@@ -5,17 +5,20 @@ PIP := $(PY) -m pip
 
 .PHONY: demo install test test-rust test-python lint fmt bench clean
 
-# Install kvfast and print the structure of the bundled sample state.
-demo: install
+# Install kvfast (no extras) and print the structure of the bundled sample state.
+demo: $(PY)
+	$(PIP) install -q .
 	$(VENV)/bin/kvfast info
 
 $(PY):
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# Build the extension (release) and install it with its test tools.
+# Build the extension (release) and install it with its test tools, matplotlib and
+# llama-cpp-python (built from source: about 6 minutes on 2 cores the first time, then pip's
+# wheel cache makes it instant on the same machine).
 install: $(PY)
-	$(PIP) install -q '.[test]'
+	$(PIP) install -q '.[test,plot,probe]'
 
 # The whole test suite: Rust unit tests, lint and type checks, Python tests.
 test: install test-rust lint test-python
@@ -24,7 +27,7 @@ test-rust:
 	cargo test -p kvfast-core
 
 test-python:
-	cd tests && ../$(PY) -m pytest -q ..
+	cd tests && KVFAST_REQUIRE_PROBE=1 ../$(PY) -m pytest -q ..
 
 lint:
 	cargo fmt --check

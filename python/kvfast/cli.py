@@ -175,6 +175,37 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from kvfast import probe
+
+    text: str | None = args.shared_prefix
+    prefix: str | list[int] | None = text
+    if text is not None and text.strip().startswith("["):
+        prefix = [int(t) for t in json.loads(text)]  # token ids, for models without a tokenizer
+    man = probe.run(
+        args.model,
+        args.prompts,
+        args.output,
+        ctk=args.ctk,
+        ctv=args.ctv,
+        fa=args.fa == "on",
+        parallel=args.parallel,
+        n_ctx=args.ctx,
+        gpu_layers=args.gpu_layers,
+        generate=args.generate,
+        shared_prefix=prefix,
+        unified=not args.non_unified,
+        whole_state=args.whole_state,
+    )
+    counts = man.group_by("status").len().sort("status")
+    print(
+        ", ".join(f"{n} {s}" for s, n in counts.iter_rows()) + f"; manifest in {args.output}/{probe.MANIFEST}"
+    )
+    for pid, err in man.filter(pl.col("status") != "ok").select("prompt_id", "error").iter_rows():
+        print(f"skipped {pid}: {err}", file=sys.stderr)
+    return 0
+
+
 def _states(p: argparse.ArgumentParser) -> None:
     p.add_argument("states", nargs="+", help="state files, a glob pattern or a directory")
 
@@ -260,6 +291,29 @@ def _parser() -> argparse.ArgumentParser:
     man.set_defaults(run=_cmd_manifest)
 
     cli_views.register(sub)
+
+    pr = sub.add_parser(
+        "probe",
+        help="run llama.cpp over prompts and save every state with a manifest (needs kvfast[probe])",
+        description="Decode prompts as batches of parallel sequences in one llama.cpp context and save each"
+        " sequence's state (GGSQ), optionally each batch's whole state, and a manifest (Parquet).",
+        epilog="example: kvfast probe model.gguf prompts.jsonl -o runs/q8 --ctk q8_0 --ctv q8_0 --parallel 4",
+    )
+    pr.add_argument("model", help="a GGUF model")
+    pr.add_argument("prompts", help="a text file (one prompt a line) or JSONL (id, prompt or tokens)")
+    pr.add_argument("-o", "--output", required=True, help="output folder")
+    types = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
+    pr.add_argument("--ctk", choices=types, default="f16", help="K cache type")
+    pr.add_argument("--ctv", choices=types, default="f16", help="V cache type")
+    pr.add_argument("--fa", choices=["on", "off"], default="on", help="flash attention (off: V transposed)")
+    pr.add_argument("--parallel", type=int, default=1, help="sequences decoded at once")
+    pr.add_argument("--ctx", type=int, default=4096, help="context size")
+    pr.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (CUDA builds)")
+    pr.add_argument("--generate", type=int, default=0, help="tokens to generate greedily before saving")
+    pr.add_argument("--shared-prefix", help="text decoded once and shared by every sequence of a batch")
+    pr.add_argument("--non-unified", action="store_true", help="one cache stream per sequence")
+    pr.add_argument("--whole-state", action="store_true", help="also save each batch's whole state")
+    pr.set_defaults(run=_cmd_probe)
     return p
 
 
@@ -267,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return int(args.run(args))
-    except (kvfast.KvfastError, OSError, ValueError, ImportError) as e:
+    except (kvfast.KvfastError, OSError, ValueError, ImportError, RuntimeError) as e:
         print(f"kvfast: error: {e}", file=sys.stderr)
         return 1
 

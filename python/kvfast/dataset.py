@@ -184,17 +184,13 @@ def scan(
         with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, batch_size: int | None
     ) -> Iterator[pl.DataFrame]:
         wanted = list(schema) if with_columns is None else with_columns
-        roots = set(predicate.meta.root_names()) if predicate is not None else set()
+        roots, record_level = _pushdown(predicate)
         need_values = "values" in wanted or "values" in roots
-        record_level = predicate is not None and roots <= RECORD_COLS
         index_level = predicate is not None and not record_level and roots <= INDEX_COLS
 
         def frames() -> Iterator[pl.DataFrame]:
             for d in dumps:
-                recs = _records(d)
-                if record_level:
-                    assert predicate is not None
-                    recs = recs.filter(predicate)
+                recs = _chosen_records(d, predicate, record_level)
                 for cache, layer, kind in recs.select("cache", "layer", "kind").iter_rows():
                     if index_level:
                         assert predicate is not None
@@ -212,6 +208,20 @@ def scan(
         yield from _batches(frames(), n_rows, batch_size)
 
     return _register(source, schema, f"kvfast.scan of {len(files)} states")
+
+
+def _pushdown(predicate: pl.Expr | None) -> tuple[set[str], bool]:
+    """The predicate's columns, and whether it can choose whole records on its own."""
+    roots = set(predicate.meta.root_names()) if predicate is not None else set()
+    return roots, predicate is not None and roots <= RECORD_COLS
+
+
+def _chosen_records(d: Dump, predicate: pl.Expr | None, record_level: bool) -> pl.DataFrame:
+    """The dump's records, filtered by a record-level predicate."""
+    recs = _records(d)
+    if record_level and predicate is not None:
+        recs = recs.filter(predicate)
+    return recs
 
 
 def _register(source: Any, schema: dict[str, pl.DataType], detail: str) -> pl.LazyFrame:
@@ -283,17 +293,13 @@ def scan_stats(
         with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, batch_size: int | None
     ) -> Iterator[pl.DataFrame]:
         wanted = list(schema) if with_columns is None else with_columns
-        roots = set(predicate.meta.root_names()) if predicate is not None else set()
-        record_level = predicate is not None and roots <= RECORD_COLS
+        _, record_level = _pushdown(predicate)
 
         def frames() -> Iterator[pl.DataFrame]:
             for d in dumps:
-                recs = _records(d)
-                if record_level:
-                    assert predicate is not None
-                    recs = recs.filter(predicate)
-                    if recs.is_empty():
-                        continue
+                recs = _chosen_records(d, predicate, record_level)
+                if recs.is_empty():
+                    continue
                 layers = sorted(set(recs["layer"].to_list()))
                 kinds = sorted(set(recs["kind"].to_list()))
                 df = stats_frame(d, by, layers, kinds)

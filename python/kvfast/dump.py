@@ -12,6 +12,7 @@ import numpy.typing as npt
 import polars as pl
 
 from kvfast import _kvfast, analysis
+from kvfast import probe as probe_manifest
 from kvfast.address import Where, file_offset, locate, tensor_offset
 from kvfast.analysis import By
 from kvfast.errors import ClosedError, ModelMismatchError
@@ -42,6 +43,12 @@ class Dump:
         cell_ext: bool | None = None,
     ) -> None:
         self.path = os.fspath(path)
+        #: Token pieces of the state's tokens, when a probe manifest beside it records them.
+        self.pieces: list[str] | None = None
+        if model is None and head_dim is None:
+            found = probe_manifest.geometry_for(self.path)
+            if found is not None:
+                model, self.pieces = found
         if model is not None and not isinstance(model, ModelGeometry):
             model = ModelGeometry.from_gguf(model)
         self.model: ModelGeometry | None = model

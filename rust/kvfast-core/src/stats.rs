@@ -151,22 +151,11 @@ fn stats_of_row(row: &[f32], head_dim: usize, out: &mut StatsOut) {
 #[target_feature(enable = "avx2")]
 unsafe fn stats_of_row_avx2(row: &[f32], head_dim: usize, out: &mut StatsOut) {
     for x in row.chunks_exact(head_dim) {
-        let n = x.len() as f64;
-        let (sum, sq) = sum_sq(x);
-        let mean = sum / n;
         // SAFETY: this function only runs where the CPU has AVX2.
         let (min, max) = unsafe { min_max_avx(x) };
-        let absmax = (-min).max(max).max(0.0);
-        let argmax = unsafe { first_abs_equal_avx(x, absmax) } as u32;
-        out.push(CellStat {
-            l2: sq.sqrt(),
-            mean,
-            std: std_of(sum, sq, n),
-            min,
-            max,
-            absmax,
-            argmax,
-        });
+        out.push(cell_stat(x.len(), sum_sq(x), (min, max), |absmax| unsafe {
+            first_abs_equal_avx(x, absmax)
+        }));
     }
 }
 
@@ -300,20 +289,29 @@ fn first_abs_equal(x: &[f32], target: f32) -> usize {
 
 #[inline(always)]
 pub fn one_cell(x: &[f32]) -> CellStat {
-    let n = x.len() as f64;
-    let (sum, sq) = sum_sq(x);
-    let mean = sum / n;
-    let (min, max) = min_max(x);
+    cell_stat(x.len(), sum_sq(x), min_max(x), |absmax| {
+        first_abs_equal(x, absmax)
+    })
+}
+
+/// A cell's statistics from its sums, extremes, and a search for the channel of its absmax.
+#[inline(always)]
+fn cell_stat(
+    len: usize,
+    (sum, sq): (f64, f64),
+    (min, max): (f32, f32),
+    find: impl FnOnce(f32) -> usize,
+) -> CellStat {
+    let n = len as f64;
     let absmax = (-min).max(max).max(0.0);
-    let argmax = first_abs_equal(x, absmax) as u32;
     CellStat {
         l2: sq.sqrt(),
-        mean,
+        mean: sum / n,
         std: std_of(sum, sq, n),
         min,
         max,
         absmax,
-        argmax,
+        argmax: find(absmax) as u32,
     }
 }
 

@@ -1,0 +1,132 @@
+"""The probe runner end to end on a tiny model (random weights, token-id prompts), on the CPU.
+
+CI installs llama-cpp-python from source and sets KVFAST_REQUIRE_PROBE=1, so there a missing
+llama_cpp fails instead of skipping.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from conftest import DATA
+
+import kvfast
+from kvfast.cli import main
+
+if not os.environ.get("KVFAST_REQUIRE_PROBE"):
+    pytest.importorskip("llama_cpp")
+from kvfast import probe
+
+MODEL = str(DATA / "models/tiny-qwen3.gguf")
+PREFIX = [68, 32, 130, 60]
+PROMPTS = [
+    {"id": "a", "tokens": [253, 230, 241, 194, 107]},
+    {"id": "b", "tokens": [48, 249, 14, 199, 221, 1, 228, 136]},
+    {"id": "c", "tokens": [117, 52, 162]},
+    {"id": "long", "tokens": list(range(1, 200))},
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("probe")
+    prompts = base / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(p) for p in PROMPTS))
+    out = {}
+    for ty in ("f16", "q8_0"):
+        out[ty] = base / ty
+        probe.run(
+            MODEL,
+            prompts,
+            out[ty],
+            ctk=ty,
+            ctv=ty,
+            parallel=3,
+            n_ctx=128,
+            shared_prefix=PREFIX,
+            whole_state=True,
+            generate=2,
+            progress=False,
+        )
+    out["prompts"] = prompts
+    return out
+
+
+def test_states_and_manifest(runs: dict[str, Path]) -> None:
+    man = pl.read_parquet(runs["f16"] / probe.MANIFEST)
+    ok = man.filter(status="ok").sort("prompt_id")
+    assert ok["prompt_id"].to_list() == ["a", "b", "c"]
+    row = ok.row(0, named=True)
+    assert (row["arch"], row["n_layer"], row["head_dim_k"], row["n_head_kv"]) == ("qwen3", 2, 32, [2, 2])
+    assert (row["ctk"], row["ctv"], row["parallel"], row["fa"]) == ("f16", "f16", 3, True)
+    assert "llama-cpp-python" in row["llama_build"]
+    for r in ok.iter_rows(named=True):
+        with kvfast.open(runs["f16"] / r["state"]) as d:
+            assert d.container == "ggsq" and d.size == r["size"]
+            want = PREFIX + next(p["tokens"] for p in PROMPTS if p["id"] == r["prompt_id"]) + r["generated"]
+            assert d.tokens.tolist() == want and len(r["generated"]) == 2
+            s = d.caches[0].streams[0]
+            assert s.cell_count == len(want) and s.pos.tolist() == list(range(len(want)))
+            assert d.head_dim_k == 32  # taken from the manifest beside the state
+            assert d.to_polars()["head"].n_unique() == 2
+
+
+def test_too_long_prompt_is_reported_not_truncated(runs: dict[str, Path]) -> None:
+    man = pl.read_parquet(runs["f16"] / probe.MANIFEST)
+    long = man.filter(prompt_id="long").row(0, named=True)
+    assert long["status"] == "too_long" and long["state"] is None and "> 128" in long["error"]
+    assert not (runs["f16"] / "long.ggsq").exists()
+
+
+def test_shared_prefix_is_shared_in_the_whole_state(runs: dict[str, Path]) -> None:
+    man = pl.read_parquet(runs["f16"] / probe.MANIFEST).filter(status="ok")
+    [whole] = man["whole_state"].unique().to_list()
+    with kvfast.open(runs["f16"] / whole) as d:
+        assert d.container == "state" and d.arch == "qwen3"
+        s = d.caches[0].streams[0]
+        shared = [pos for pos, ids in zip(s.pos.tolist(), s.seq_ids) if len(ids) == 3]
+        assert shared == list(range(len(PREFIX)))
+        assert s.cell_count == len(PREFIX) + sum(len(p["tokens"]) + 2 for p in PROMPTS[:3])
+
+
+def test_q8_0_agrees_with_f16(runs: dict[str, Path]) -> None:
+    for pid in ("a", "b", "c"):
+        a = kvfast.open(runs["f16"] / f"{pid}.ggsq")
+        b = kvfast.open(runs["q8_0"] / f"{pid}.ggsq")
+        assert b.caches[0].streams[0].layers[0].k_type == "q8_0"
+        x, y = a.values(0, "k").astype(np.float32), b.values(0, "k")
+        amax = np.abs(x).reshape(len(x), -1, 32).max(axis=2).max(axis=1)
+        assert (np.abs(x - y).max(axis=1) <= amax / 254 * 1.05 + 1e-3).all()
+        assert kvfast.compare(a, b, by="layer")["cosine_min"].min() > 0.999
+
+
+def test_resume_does_not_redo_states(runs: dict[str, Path]) -> None:
+    before = {p.name: p.stat().st_mtime_ns for p in runs["f16"].glob("*.ggsq")}
+    man = probe.run(
+        MODEL, runs["prompts"], runs["f16"], parallel=3, n_ctx=128, shared_prefix=PREFIX, progress=False
+    )
+    after = {p.name: p.stat().st_mtime_ns for p in runs["f16"].glob("*.ggsq")}
+    assert before == after
+    assert sorted(man.filter(status="ok")["prompt_id"].to_list()) == ["a", "b", "c"]
+
+
+def test_cli_probe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "x", "tokens": [5, 6, 7, 8]}) + "\n")
+    out = tmp_path / "run"
+    assert (
+        main(["probe", MODEL, str(prompts), "-o", str(out), "--ctk", "q4_0", "--ctv", "q4_0", "--ctx", "64"])
+        == 0
+    )
+    assert "1 ok" in capsys.readouterr().out
+    with kvfast.open(out / "x.ggsq") as d:
+        assert d.caches[0].streams[0].layers[1].k_type == "q4_0"
+    assert (
+        main(
+            ["probe", MODEL, str(prompts), "-o", str(out), "--fa", "off", "--non-unified", "--parallel", "2"]
+        )
+        == 0
+    )
