@@ -78,11 +78,25 @@ def load_prompts(source: str | os.PathLike[str] | Sequence[str | dict[str, Any]]
     return out
 
 
-def _llama() -> Any:
+_LOG_CALLBACK: Any = None
+GGML_LOG_LEVEL_ERROR = 4
+
+
+def _llama(verbose: bool = False) -> Any:
+    """The llama_cpp bindings, with llama.cpp's log cut to its errors unless `verbose`."""
+    global _LOG_CALLBACK
     try:
         import llama_cpp
     except ImportError as e:
         raise ImportError("the probe runner needs llama-cpp-python: pip install 'kvfast[probe]'") from e
+    if not verbose:
+
+        def quiet(level: int, text: bytes, _: Any) -> None:
+            if level == GGML_LOG_LEVEL_ERROR:
+                sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+        _LOG_CALLBACK = llama_cpp.llama_log_callback(quiet)  # kept alive: llama.cpp holds the pointer
+        llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
     return llama_cpp
 
 
@@ -100,11 +114,12 @@ class Runner:
         n_ctx: int,
         gpu_layers: int,
         unified: bool,
+        verbose: bool = False,
     ) -> None:
         for t in (ctk, ctv):
             if t not in TYPE_IDS:
                 raise ValueError(f"unknown cache type {t!r}: one of {', '.join(TYPE_IDS)}")
-        L = self.L = _llama()
+        L = self.L = _llama(verbose)
         L.llama_backend_init()
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = gpu_layers
@@ -126,8 +141,12 @@ class Runner:
             raise RuntimeError("llama.cpp could not create the context (cache types, flash attention, size?)")
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        # llama.cpp aborts on tokenizing or rendering pieces without a tokenizer: check first
+        self.has_tokenizer = L.llama_vocab_type(self.vocab) != L.LLAMA_VOCAB_TYPE_NONE
         self.mem = L.llama_get_memory(self.ctx)
-        self.n_ctx = L.llama_n_ctx(self.ctx)
+        # llama.cpp may round the context up; plan with what was asked (it is also n_batch)
+        self.n_ctx = min(n_ctx, L.llama_n_ctx(self.ctx))
+        self.n_batch = n_ctx
         self.parallel = parallel
 
     def close(self) -> None:
@@ -135,6 +154,8 @@ class Runner:
         self.L.llama_model_free(self.model)
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
+        if not self.has_tokenizer:
+            raise ValueError("the model has no tokenizer: give prompts as token ids (JSONL 'tokens')")
         data = text.encode()
         buf = (self.L.llama_token * (len(data) + 16))()
         n = self.L.llama_tokenize(self.vocab, data, len(data), buf, len(buf), add_special, False)
@@ -145,7 +166,9 @@ class Runner:
             raise RuntimeError(f"cannot tokenize {text[:40]!r} (has the model a tokenizer?)")
         return list(buf[:n])
 
-    def piece(self, token: int) -> str:
+    def piece(self, token: int) -> str | None:
+        if not self.has_tokenizer:
+            return None
         buf = ctypes.create_string_buffer(64)
         n = self.L.llama_token_to_piece(self.vocab, token, buf, 64, 0, True)
         if n < 0:
@@ -155,6 +178,8 @@ class Runner:
 
     def decode(self, entries: list[tuple[int, int, int, bool]]) -> None:
         """One llama_decode over (token, pos, seq, wants logits) entries."""
+        if len(entries) > self.n_batch:  # llama.cpp would abort the process
+            raise RuntimeError(f"{len(entries)} tokens in one batch > n_batch {self.n_batch}")
         L = self.L
         batch = L.llama_batch_init(len(entries), 0, 1)
         try:
@@ -246,6 +271,7 @@ def run(
     unified: bool = True,
     whole_state: bool = False,
     progress: bool = True,
+    verbose: bool = False,
 ) -> pl.DataFrame:
     """Run every prompt and save its sequence's state (``OUT/<id>.ggsq``), optionally the whole
     context of each batch (``OUT/batch-NNNNN.state``), and the manifest (``OUT/manifest.parquet``).

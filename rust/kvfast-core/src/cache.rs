@@ -91,16 +91,7 @@ pub fn furthest(a: Option<Error>, b: Error) -> Error {
 fn parse_cache(cur: &mut Cursor, reading: Reading, ci: usize) -> Result<(Cache, usize)> {
     let offset = cur.pos();
     let n_stream = if reading.n_stream {
-        let n = cur.u32(&format!("cache {ci} n_stream"))?;
-        if n == 0 || n > MAX_SEQ {
-            return Err(Error::format(
-                format!("cache {ci} n_stream"),
-                offset,
-                format!("1 to {MAX_SEQ}"),
-                n,
-            ));
-        }
-        n
+        cur.u32_in(&format!("cache {ci} n_stream"), 1, MAX_SEQ)?
     } else {
         1
     };
@@ -154,27 +145,8 @@ fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result
     parse_cells(cur, &at, &mut stream)?;
     stream.meta_len = cur.pos() as u64 - stream.meta_offset;
     stream.layer_header_offset = cur.pos() as u64;
-    let vt_off = cur.pos();
-    let v_trans = cur.u32(&format!("{at} v_trans"))?;
-    if v_trans > 1 {
-        return Err(Error::format(
-            format!("{at} v_trans"),
-            vt_off,
-            "0 or 1",
-            v_trans,
-        ));
-    }
-    stream.v_trans = v_trans == 1;
-    let nl_off = cur.pos();
-    let n_layer = cur.u32(&format!("{at} n_layer"))?;
-    if n_layer == 0 || n_layer > MAX_LAYERS {
-        return Err(Error::format(
-            format!("{at} n_layer"),
-            nl_off,
-            format!("1 to {MAX_LAYERS}"),
-            n_layer,
-        ));
-    }
+    stream.v_trans = cur.u32_in(&format!("{at} v_trans"), 0, 1)? == 1;
+    let n_layer = cur.u32_in(&format!("{at} n_layer"), 1, MAX_LAYERS)?;
     if n_layer as u64 * 12 > cur.remaining() as u64 {
         return Err(Error::Truncated {
             field: format!("{at} K records ({n_layer} layers)"),
@@ -229,17 +201,8 @@ fn parse_cells(cur: &mut Cursor, at: &str, stream: &mut Stream) -> Result<()> {
                 pos,
             ));
         }
-        let off = cur.pos();
-        let n_seq = cur.u32(&format!("{at} cell {i} n_seq_id"))?;
         // Sequence states of builds before mid-2025 write 0 here: the cell is the state's sequence.
-        if n_seq > MAX_SEQ {
-            return Err(Error::format(
-                format!("{at} cell {i} n_seq_id"),
-                off,
-                format!("0 to {MAX_SEQ}"),
-                n_seq,
-            ));
-        }
+        let n_seq = cur.u32_in(&format!("{at} cell {i} n_seq_id"), 0, MAX_SEQ)?;
         if let Some(ext) = ext.as_mut() {
             for _ in 0..width {
                 ext.push(cur.i32(&format!("{at} cell {i} extension"))?);
@@ -331,26 +294,9 @@ fn trans_record(cur: &mut Cursor, field: &str, cells: u32) -> Result<Record> {
             ty,
         ));
     }
-    let el_off = cur.pos();
-    let el = cur.u32(&format!("{field} el_bytes"))?;
-    if el as usize != ty.block_bytes() {
-        return Err(Error::format(
-            format!("{field} el_bytes"),
-            el_off,
-            format!("{} for {ty}", ty.block_bytes()),
-            el,
-        ));
-    }
-    let n_off = cur.pos();
-    let n_embd = cur.u32(&format!("{field} n_embd_v_gqa"))? as u64;
-    if n_embd == 0 || n_embd > MAX_EMBD {
-        return Err(Error::format(
-            format!("{field} n_embd_v_gqa"),
-            n_off,
-            format!("1 to {MAX_EMBD}"),
-            n_embd,
-        ));
-    }
+    let bb = ty.block_bytes() as u32;
+    let el = cur.u32_in(&format!("{field} el_bytes ({ty})"), bb, bb)?;
+    let n_embd = cur.u32_in(&format!("{field} n_embd_v_gqa"), 1, MAX_EMBD as u32)? as u64;
     let row_bytes = n_embd * el as u64;
     let (data_offset, data_len) = rows(cur, field, row_bytes, cells)?;
     Ok(Record {

@@ -63,6 +63,21 @@ impl<'a> Cursor<'a> {
         Ok(u64::from_le_bytes(a))
     }
 
+    /// Read a u32 that must lie in `lo..=hi`, or fail naming the field, its offset and the range.
+    pub fn u32_in(&mut self, field: &str, lo: u32, hi: u32) -> Result<u32> {
+        let at = self.pos;
+        let v = self.u32(field)?;
+        if v < lo || v > hi {
+            let expected = if lo == hi {
+                format!("{lo}")
+            } else {
+                format!("{lo} to {hi}")
+            };
+            return Err(Error::format(field, at, expected, v));
+        }
+        Ok(v)
+    }
+
     /// Read a u32 without consuming it.
     pub fn peek_u32(&self) -> Option<u32> {
         let b = self.buf.get(self.pos..self.pos + 4)?;
