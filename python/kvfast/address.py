@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvfast.structure import Layer, Stream
+from kvfast.structure import Cache, Layer, Stream
 
 # bytes per block, and where a value's quant byte sits in its block (after d, m, qh)
 _QUANT = {
@@ -19,52 +19,60 @@ _FLOAT = {"f32": 4, "f16": 2, "bf16": 2}
 
 
 @dataclass(frozen=True)
+class RecordRef:
+    """One K or V record of one stream, with that kind's fields picked out."""
+
+    stream: Stream
+    layer: Layer
+    kind: str
+    type: str
+    offset: int  # file offset of the first row
+    n_embd: int
+    row_bytes: int
+
+    @property
+    def transposed(self) -> bool:
+        return self.kind == "v" and self.stream.v_trans
+
+
+def record_ref(
+    caches: list[Cache], cache: int, layer: int, kind: str, stream: int | None = None
+) -> RecordRef:
+    """The record of (cache, stream, layer, kind); ``stream=None``: the first stream holding cells."""
+    if kind not in ("k", "v"):
+        raise ValueError(f"kind must be 'k' or 'v', not {kind!r}")
+    if not 0 <= cache < len(caches):
+        raise ValueError(f"no cache {cache}: the state has {len(caches)}")
+    streams = caches[cache].streams
+    if stream is not None and not 0 <= stream < len(streams):
+        raise ValueError(f"no stream {stream}: cache {cache} has {len(streams)}")
+    s = streams[stream] if stream is not None else next((x for x in streams if x.cell_count), streams[0])
+    if not 0 <= layer < len(s.layers):
+        raise ValueError(f"layer {layer} out of range: cache {cache} has {len(s.layers)} layers")
+    ly = s.layers[layer]
+    if kind == "k":
+        return RecordRef(s, ly, kind, ly.k_type, ly.k_offset, ly.n_embd_k, ly.k_row_bytes)
+    if ly.v_type is None or ly.v_offset is None or ly.n_embd_v is None or ly.v_row_bytes is None:
+        raise ValueError(f"layer {layer} has no V record")
+    return RecordRef(s, ly, kind, ly.v_type, ly.v_offset, ly.n_embd_v, ly.v_row_bytes)
+
+
+@dataclass(frozen=True)
 class Where:
     """One value's coordinates, checked against the record that holds it."""
 
-    layer: Layer
-    kind: str
-    cells: int
+    rec: RecordRef
     cell: int
     index: int  # value index within the cell's row: head * head_dim + elem
-    transposed: bool
-
-    @property
-    def type(self) -> str:
-        t = self.layer.k_type if self.kind == "k" else self.layer.v_type
-        assert t is not None
-        return t
-
-    @property
-    def row_bytes(self) -> int:
-        rb = self.layer.k_row_bytes if self.kind == "k" else self.layer.v_row_bytes
-        assert rb is not None
-        return rb
-
-    @property
-    def n_embd(self) -> int:
-        n = self.layer.n_embd_k if self.kind == "k" else self.layer.n_embd_v
-        assert n is not None
-        return n
 
 
-def locate(
-    stream: Stream, layer: int, cell: int, head: int, elem: int, kind: str, head_dim: int | None
-) -> Where:
-    if kind not in ("k", "v"):
-        raise ValueError(f"kind must be 'k' or 'v', not {kind!r}")
-    if not 0 <= layer < len(stream.layers):
-        raise ValueError(f"layer {layer} out of range: the stream has {len(stream.layers)} layers")
-    ly = stream.layers[layer]
-    n_embd = ly.n_embd_k if kind == "k" else ly.n_embd_v
-    if n_embd is None:
-        raise ValueError(f"layer {layer} has no V record")
-    hd = head_dim or n_embd
-    if not 0 <= head < n_embd // hd or not 0 <= elem < hd:
-        raise ValueError(f"head {head} / elem {elem} out of range: {n_embd // hd} heads of {hd} values")
-    if not 0 <= cell < stream.cell_count:
-        raise ValueError(f"cell {cell} out of range: the stream has {stream.cell_count} cells")
-    return Where(ly, kind, stream.cell_count, cell, head * hd + elem, kind == "v" and stream.v_trans)
+def locate(rec: RecordRef, cell: int, head: int, elem: int, head_dim: int | None) -> Where:
+    hd = head_dim or rec.n_embd
+    if not 0 <= head < rec.n_embd // hd or not 0 <= elem < hd:
+        raise ValueError(f"head {head} / elem {elem} out of range: {rec.n_embd // hd} heads of {hd} values")
+    if not 0 <= cell < rec.stream.cell_count:
+        raise ValueError(f"cell {cell} out of range: the stream has {rec.stream.cell_count} cells")
+    return Where(rec, cell, head * hd + elem)
 
 
 def value_byte(type_name: str, index: int) -> int:
@@ -76,19 +84,22 @@ def value_byte(type_name: str, index: int) -> int:
     return index // 32 * block_bytes + quants + (i if type_name == "q8_0" else i % 16)
 
 
-def file_offset(w: Where, record_offset: int) -> int:
-    if w.transposed:
-        return record_offset + (w.index * w.cells + w.cell) * _FLOAT[w.type]
-    return record_offset + w.cell * w.row_bytes + value_byte(w.type, w.index)
+def file_offset(w: Where) -> int:
+    r = w.rec
+    if r.transposed:
+        return r.offset + (w.index * r.stream.cell_count + w.cell) * _FLOAT[r.type]
+    return r.offset + w.cell * r.row_bytes + value_byte(r.type, w.index)
 
 
-def tensor_offset(w: Where, n_ctx: int, n_stream: int, stream: int) -> int:
+def tensor_offset(w: Where, n_ctx: int, n_stream: int) -> int:
     """Offset from the start of the layer's K (or V) tensor of shape [n_embd, n_ctx / n_stream, n_stream],
     assuming the i-th written cell is cell i of the live cache (as after one decode into a fresh context)."""
+    r = w.rec
     kv_size = n_ctx // n_stream
+    stream = r.stream.index
     if not 0 <= w.cell < kv_size or not 0 <= stream < n_stream:
         raise ValueError(f"cell {w.cell} / stream {stream} outside a cache of {n_stream} x {kv_size} cells")
-    if w.transposed:
-        el = _FLOAT[w.type]
-        return stream * kv_size * w.n_embd * el + (w.index * kv_size + w.cell) * el
-    return stream * kv_size * w.row_bytes + w.cell * w.row_bytes + value_byte(w.type, w.index)
+    if r.transposed:
+        el = _FLOAT[r.type]
+        return stream * kv_size * r.n_embd * el + (w.index * kv_size + w.cell) * el
+    return stream * kv_size * r.row_bytes + w.cell * r.row_bytes + value_byte(r.type, w.index)

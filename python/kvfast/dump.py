@@ -13,11 +13,11 @@ import polars as pl
 
 from kvfast import _kvfast, analysis
 from kvfast import probe as probe_manifest
-from kvfast.address import Where, file_offset, locate, tensor_offset
+from kvfast.address import Where, file_offset, locate, record_ref, tensor_offset
 from kvfast.analysis import By
 from kvfast.errors import ClosedError, ModelMismatchError
 from kvfast.model import ModelGeometry
-from kvfast.structure import _LAYER_KEYS, Cache, Stream, _build_caches, _i32
+from kvfast.structure import _LAYER_KEYS, Cache, _build_caches, _i32
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -217,14 +217,9 @@ class Dump:
     # -- addresses -------------------------------------------------------------------------------
     def _where(
         self, layer: int, cell: int, head: int, elem: int, kind: str, cache: int, stream: int | None
-    ) -> tuple[Stream, Where]:
-        caches = self.caches
-        if not 0 <= cache < len(caches):
-            raise ValueError(f"no cache {cache}: the state has {len(caches)}")
-        streams = caches[cache].streams
-        s = streams[stream] if stream is not None else next((x for x in streams if x.cell_count), streams[0])
-        hd = self.head_dim_k if kind == "k" else self.head_dim_v
-        return s, locate(s, layer, cell, head, elem, kind, hd)
+    ) -> Where:
+        rec = record_ref(self.caches, cache, layer, kind, stream)
+        return locate(rec, cell, head, elem, self.head_dim_k if kind == "k" else self.head_dim_v)
 
     def address(
         self,
@@ -237,11 +232,7 @@ class Dump:
         stream: int | None = None,
     ) -> int:
         """Byte offset in the file of one value (for 4- and 5-bit types: the byte of its low bits)."""
-        s, w = self._where(layer, cell, head, elem, kind, cache, stream)
-        ly = s.layers[layer]
-        off = ly.k_offset if kind == "k" else ly.v_offset
-        assert off is not None
-        return file_offset(w, off)
+        return file_offset(self._where(layer, cell, head, elem, kind, cache, stream))
 
     def tensor_address(
         self,
@@ -259,8 +250,7 @@ class Dump:
         """Byte offset of the same value from the start of llama.cpp's live K (or V) tensor of that
         layer, shaped [values per row, n_ctx / n_stream cells, n_stream]; the i-th cell written is
         taken to be cell i of the live cache (true after decoding into a fresh context)."""
-        s, w = self._where(layer, cell, head, elem, kind, cache, stream)
-        return tensor_offset(w, n_ctx, n_stream, s.index)
+        return tensor_offset(self._where(layer, cell, head, elem, kind, cache, stream), n_ctx, n_stream)
 
     # -- tables --------------------------------------------------------------------------------
     def layout(self) -> pl.DataFrame:

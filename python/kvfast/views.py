@@ -6,34 +6,18 @@ from typing import Any
 
 import numpy as np
 
-from kvfast.address import _FLOAT, _QUANT, locate, value_byte
+from kvfast.address import _FLOAT, _QUANT, file_offset, record_ref, tensor_offset, value_byte
 from kvfast.dump import Dump
 
 BLOCK_VALUES = 32
-
-
-def _record(d: Dump, cache: int, layer: int, kind: str) -> tuple[Any, Any, str, int, int, int]:
-    if not 0 <= cache < len(d.caches):
-        raise ValueError(f"no cache {cache}: the state has {len(d.caches)}")
-    s = next((x for x in d.caches[cache].streams if x.cell_count), d.caches[cache].streams[0])
-    if not 0 <= layer < len(s.layers):
-        raise ValueError(f"layer {layer} out of range: cache {cache} has {len(s.layers)} layers")
-    ly = s.layers[layer]
-    ty = ly.k_type if kind == "k" else ly.v_type
-    if ty is None:
-        raise ValueError(f"layer {layer} has no V record")
-    off = ly.k_offset if kind == "k" else ly.v_offset
-    n = ly.n_embd_k if kind == "k" else ly.n_embd_v
-    rb = ly.k_row_bytes if kind == "k" else ly.v_row_bytes
-    assert off is not None and n is not None and rb is not None
-    return s, ly, ty, off, n, rb
 
 
 def rows(
     d: Dump, layer: int, kind: str = "k", cells: int = 3, head: int | None = None, cache: int = 0
 ) -> list[dict[str, Any]]:
     """The first `cells` rows of a record (or one head of them): file offset, bytes, values."""
-    s, _, ty, off, n, rb = _record(d, cache, layer, kind)
+    rec = record_ref(d.caches, cache, layer, kind)
+    s, ty, off, n, rb = rec.stream, rec.type, rec.offset, rec.n_embd, rec.row_bytes
     hd = (d.head_dim_k if kind == "k" else d.head_dim_v) or n
     lo, hi = (0, n) if head is None else (head * hd, (head + 1) * hd)
     if head is not None and not 0 <= head < n // hd:
@@ -42,7 +26,7 @@ def rows(
     with open(d.path, "rb") as f:
         out = []
         for c in range(min(cells, s.cell_count)):
-            transposed = kind == "v" and s.v_trans
+            transposed = rec.transposed
             if transposed:
                 el = _FLOAT[ty]
                 addrs = [off + (j * s.cell_count + c) * el for j in range(lo, hi)]
@@ -119,13 +103,14 @@ def address(
     cache: int = 0,
 ) -> dict[str, Any]:
     """Where one value lives in the file and in the live tensor, with the arithmetic spelled out."""
-    s, _, ty, off, n, rb = _record(d, cache, layer, kind)
+    w = d._where(layer, cell, head, elem, kind, cache, None)
+    rec = w.rec
+    s, ty, off, n, rb = rec.stream, rec.type, rec.offset, rec.n_embd, rec.row_bytes
     hd = (d.head_dim_k if kind == "k" else d.head_dim_v) or n
-    w = locate(s, layer, cell, head, elem, kind, hd)
     j = w.index
-    file_at = d.address(layer, cell, head, elem, kind, cache=cache, stream=s.index)
+    file_at = file_offset(w)
     idx = f"(head {head} x {hd} + elem {elem}) = value {j}"
-    if w.transposed:
+    if rec.transposed:
         el = _FLOAT[ty]
         file_how = (
             f"{off:,} (V record rows) + ({j} x {s.cell_count} cells + cell {cell}) x {el} bytes = {file_at:,}"
@@ -153,11 +138,9 @@ def address(
         "file_how": file_how,
     }
     if n_ctx is not None:
-        t = d.tensor_address(
-            layer, cell, head, elem, kind, n_ctx=n_ctx, n_stream=n_stream, cache=cache, stream=s.index
-        )
+        t = tensor_offset(w, n_ctx, n_stream)
         kv = n_ctx // n_stream
-        if w.transposed:
+        if rec.transposed:
             el = _FLOAT[ty]
             how = f"stream {s.index} x {kv} cells x {n} x {el} + ({j} x {kv} + cell {cell}) x {el} = {t:,}"
             shape = f"[{kv}, {n}, {n_stream}] (V transposed)"
