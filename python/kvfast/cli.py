@@ -111,10 +111,6 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open(path: str, args: argparse.Namespace) -> Dump:
-    return kvfast.open(path, head_dim=args.head_dim, model=args.model)
-
-
 def _emit(df: pl.DataFrame, args: argparse.Namespace) -> None:
     if args.output:
         df.write_parquet(args.output)
@@ -127,14 +123,14 @@ def _emit(df: pl.DataFrame, args: argparse.Namespace) -> None:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    with _open(args.path, args) as dump:
+    with cli_views.open_state(args.path, args) as dump:
         df = dump.stats(by=args.by, layers=args.layers, kinds=args.kinds, skip_first=args.skip_first)
     _emit(df, args)
     return 0
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    with _open(args.a, args) as a, _open(args.b, args) as b:
+    with cli_views.open_state(args.a, args) as a, cli_views.open_state(args.b, args) as b:
         df = kvfast.compare(a, b, by=args.by, layers=args.layers, kinds=args.kinds)
     _emit(df, args)
     return 0
@@ -213,8 +209,7 @@ def _states(p: argparse.ArgumentParser) -> None:
 def _table_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, nargs="+", help="only these layers (index within the cache)")
     p.add_argument("--kinds", nargs="+", choices=["k", "v"], help="only K or V")
-    p.add_argument("--head-dim", type=int, help="values per head (default: one head spans the row)")
-    p.add_argument("--model", help="a GGUF model: head sizes and the model's layer order")
+    cli_views.geometry_options(p)
     p.add_argument("-o", "--output", help="write Parquet here instead of printing")
     p.add_argument("--json", action="store_true", help="print JSON rows")
     p.add_argument("--rows", type=int, default=20, help="rows to print (default 20)")
@@ -274,8 +269,7 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--partition-by", nargs="*", default=["layer"], choices=["cache", "layer", "kind"])
     exp.add_argument("--jobs", type=int, help="states written at once (default: all cores)")
     exp.add_argument("--on-error", choices=["skip", "fail"], default="fail")
-    exp.add_argument("--head-dim", type=int, help="values per head")
-    exp.add_argument("--model", help="a GGUF model: head sizes and the model's layer order")
+    cli_views.geometry_options(exp)
     exp.set_defaults(run=_cmd_export)
 
     man = sub.add_parser(

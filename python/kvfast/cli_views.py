@@ -10,24 +10,26 @@ import kvfast
 from kvfast import views
 
 
-def _geometry(p: argparse.ArgumentParser) -> None:
+def geometry_options(p: argparse.ArgumentParser) -> None:
+    """--head-dim and --model, for every command that splits rows into heads."""
     p.add_argument("--head-dim", type=int, help="values per head (default: one head spans the row)")
     p.add_argument("--model", help="a GGUF model: head sizes and the model's layer order")
 
 
-def _open(path: str, args: argparse.Namespace) -> kvfast.Dump:
+def open_state(path: str, args: argparse.Namespace) -> kvfast.Dump:
+    """Open a state with the geometry the command line gave."""
     return kvfast.open(path, head_dim=args.head_dim, model=args.model)
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    with _open(args.path, args) as d:
+    with open_state(args.path, args) as d:
         rows = views.rows(d, args.layer, args.kind, cells=args.cells, head=args.head, cache=args.cache)
     print(json.dumps(rows, indent=1) if args.json else views.format_rows(rows))
     return 0
 
 
 def _cmd_addr(args: argparse.Namespace) -> int:
-    with _open(args.path, args) as d:
+    with open_state(args.path, args) as d:
         a = views.address(
             d,
             args.layer,
@@ -64,13 +66,13 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     if args.what == "diff":
         if len(args.paths) != 2:
             raise ValueError("kvfast plot diff takes two states: A B")
-        with _open(args.paths[0], args) as a, _open(args.paths[1], args) as b:
+        with open_state(args.paths[0], args) as a, open_state(args.paths[1], args) as b:
             fig = plot.diff(a, b)
             fig.savefig(args.output, dpi=args.dpi)
     else:
         if len(args.paths) != 1:
             raise ValueError(f"kvfast plot {args.what} takes one state")
-        with _open(args.paths[0], args) as d:
+        with open_state(args.paths[0], args) as d:
             if args.what == "layout":
                 fig = plot.layout(d)
             elif args.what == "heatmap":
@@ -98,7 +100,7 @@ def register(sub: Any) -> None:
     show.add_argument("--head", type=int, help="only this head's values")
     show.add_argument("--cache", type=int, default=0)
     show.add_argument("--json", action="store_true", help="print JSON")
-    _geometry(show)
+    geometry_options(show)
     show.set_defaults(run=_cmd_show)
 
     addr = sub.add_parser(
@@ -120,7 +122,7 @@ def register(sub: Any) -> None:
         "--streams", type=int, default=1, help="streams of the live cache (non-unified: n_seq_max)"
     )
     addr.add_argument("--json", action="store_true", help="print JSON")
-    _geometry(addr)
+    geometry_options(addr)
     addr.set_defaults(run=_cmd_addr)
 
     plot = sub.add_parser(
@@ -143,5 +145,5 @@ def register(sub: Any) -> None:
         "--outlier", type=float, default=4.0, help="stats: outlier channel threshold (x median)"
     )
     plot.add_argument("--dpi", type=int, default=100)
-    _geometry(plot)
+    geometry_options(plot)
     plot.set_defaults(run=_cmd_plot)
