@@ -80,10 +80,9 @@ pub fn schema(out: Out, head_dim: usize) -> SchemaRef {
     ]))
 }
 
-/// Plan the batches; fails on a head_dim that does not divide a row, or K and V head sizes
-/// that cannot share one fixed-size column.
-pub fn plan_schema(sf: &StateFile, sel: &Selection) -> Result<(SchemaRef, usize), String> {
-    let jobs = jobs(sf, sel)?;
+/// The values column of the selected records: one head size (K and V of different sizes cannot
+/// share a fixed-size column) and f16 only when every record is f16 kept as stored.
+fn plan(jobs: &[Job], dtype: Dtype) -> Result<(Out, usize), String> {
     let dims: std::collections::BTreeSet<usize> = jobs.iter().map(|j| j.head_dim).collect();
     if dims.len() > 1 {
         return Err(format!(
@@ -91,16 +90,8 @@ pub fn plan_schema(sf: &StateFile, sel: &Selection) -> Result<(SchemaRef, usize)
         ));
     }
     let hd = dims.into_iter().next().unwrap_or(1);
-    let out = if !jobs.is_empty()
-        && jobs
-            .iter()
-            .all(|j| out_type(j.rec.ty, sel.dtype) == Out::F16)
-    {
-        Out::F16
-    } else {
-        Out::F32
-    };
-    Ok((schema(out, hd), jobs.len()))
+    let all_f16 = !jobs.is_empty() && jobs.iter().all(|j| out_type(j.rec.ty, dtype) == Out::F16);
+    Ok((if all_f16 { Out::F16 } else { Out::F32 }, hd))
 }
 
 pub fn jobs<'a>(sf: &'a StateFile, sel: &Selection) -> Result<Vec<Job<'a>>, String> {
@@ -153,33 +144,27 @@ pub fn batches(
     sel: &Selection,
     seq_default: Option<i32>,
 ) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
-    let (full, _) = plan_schema(sf, sel)?;
-    let DataType::FixedSizeList(item, hd) = full.field(VALUES).data_type().clone() else {
+    let jobs = jobs(sf, sel)?;
+    let (out_ty, hd) = plan(&jobs, sel.dtype)?;
+    let full = schema(out_ty, hd);
+    let DataType::FixedSizeList(item, _) = full.field(VALUES).data_type().clone() else {
         unreachable!()
     };
-    let schema = full;
-    let want = if matches!(schema.field(VALUES).data_type(), DataType::FixedSizeList(f, _) if f.data_type() == &DataType::Float16)
-    {
-        Out::F16
-    } else {
-        Out::F32
-    };
-    let dtype = if want == Out::F16 {
+    let dtype = if out_ty == Out::F16 {
         sel.dtype
     } else {
         Dtype::F32
     };
     let schema = if sel.with_values {
-        schema
+        full
     } else {
         Arc::new(
-            schema
-                .project(&(0..VALUES).collect::<Vec<_>>())
+            full.project(&(0..VALUES).collect::<Vec<_>>())
                 .map_err(|e| e.to_string())?,
         )
     };
     let mut out = Vec::new();
-    for job in jobs(sf, sel)? {
+    for job in jobs {
         let rows = sel
             .with_values
             .then(|| record_rows(sf, job.rec, job.stream.cell_count as usize, dtype));
@@ -191,7 +176,7 @@ pub fn batches(
             sel.heads.as_deref(),
             seq_default,
             model_layer,
-            (&item, hd as usize),
+            (&item, hd),
         )?);
     }
     Ok((schema, out))
