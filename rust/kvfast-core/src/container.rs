@@ -3,6 +3,7 @@
 use crate::cache::{furthest, parse_caches, Reading, MAX_SEQ};
 use crate::cursor::Cursor;
 use crate::error::{Error, Result};
+use crate::guarantees::check;
 use crate::layout::{Cache, Container, Layout, Outputs, Region};
 
 pub const GGSQ_MAGIC: u32 = 0x6767_7371;
@@ -243,6 +244,9 @@ fn choose(
     let many = candidates.iter().map(|c| c.1.len() * 2).sum::<usize>() > 2;
     let mut ok: Vec<(String, Prefix, Reading, Vec<Cache>)> = Vec::new();
     let mut err = prior;
+    // Errors of readings that parsed to the end but break what llama.cpp guarantees: such a
+    // reading got furthest, so its error is the one to report when no reading holds.
+    let mut broken: Option<Error> = None;
     for (prefix, readings) in candidates {
         let mut tried = readings.clone();
         tried.extend(readings.iter().map(|r| Reading { ext_bytes: 0, ..*r }));
@@ -253,7 +257,13 @@ fn choose(
             }
             let desc = format!("{} with {}", prefix.container.name(), r.describe());
             match parse_caches(buf, prefix.memory, r) {
-                Ok(c) => ok.push((desc, prefix.clone(), r, c)),
+                Ok(c) => match check(prefix.container, prefix.seq_id, &c) {
+                    Ok(()) => ok.push((desc, prefix.clone(), r, c)),
+                    Err(e) => {
+                        let e = if many { e.in_reading(&desc) } else { e };
+                        broken = Some(furthest(broken, e));
+                    }
+                },
                 Err(e) => {
                     let e = if many { e.in_reading(&desc) } else { e };
                     err = Some(furthest(err, e));
@@ -274,7 +284,7 @@ fn choose(
                 .all(|c| c.streams.iter().all(|s| s.cell_count == 0))
     });
     match ok.len() {
-        0 => Err(err.unwrap_or_else(|| {
+        0 => Err(broken.or(err).unwrap_or_else(|| {
             Error::format(
                 "cell extension",
                 0,

@@ -10,6 +10,7 @@ pub mod cursor;
 pub mod decode;
 pub mod error;
 pub mod gguf;
+pub mod guarantees;
 pub mod layout;
 pub mod quantize;
 pub mod state;
