@@ -1,23 +1,35 @@
-"""Export many states to hive-partitioned Parquet: streaming, parallel, resumable and atomic.
+"""Export many states to hive-partitioned Parquet: streaming, parallel, resumable, atomic per state.
 
-Each state is written as one Parquet file per partition (``OUT/layer=3/<state>-<hash>.parquet``),
-one record group at a time, so memory stays bounded by one partition of one state per worker,
-whatever the number and size of the states. Files are written under a hidden temporary name and
-renamed when complete; a state's marker (``OUT/_kvfast/<state>-<hash>.json``, recording the source's
-size and modification time and the export options) is written last, so a state whose marker matches
-is skipped on the next run, and one interrupted midway is redone.
+Layout: one folder per state, then the partitions::
+
+    OUT/<state>-<hash>/layer=3/<state>-<hash>.parquet     one file per partition of the state
+    OUT/<state>-<hash>/_kvfast.json                       its marker: source size, mtime, options
+
+Read it with ``pl.scan_parquet("OUT/**/*.parquet", hive_partitioning=True)`` or
+``pyarrow.dataset.dataset("OUT", partitioning="hive")``: the state folder is not a ``key=value``
+name, so hive readers see only the partition columns. A state's folder is written in full out of
+sight and published in one rename (see :mod:`kvfast.export_commit`), which is why the state comes
+before the partitions: a partition folder holds many states and cannot appear in one step. So a
+reader sees every state whole, with its marker, or not at all, even after a SIGKILL; leftovers of a
+killed run are removed by the next run into OUT.
+
+Each partition is written one record group at a time, so memory stays bounded by one partition of
+one state per worker, whatever the number and size of the states. A state whose marker matches its
+source and the options is skipped on the next run; any other is exported again and replaces the
+earlier export whole (no file of an earlier layer count stays); a state that fails takes its earlier
+export away. Inputs are deduplicated by real path; several processes may export into one OUT at once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
+import re
+import shutil
 import sys
-import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,9 +41,8 @@ import pyarrow.parquet as pq
 from kvfast.dataset import INDEX_SCHEMA, Paths, _frame, _records, _values_schema, expand, stats_frame
 from kvfast.dump import Dump, open
 from kvfast.errors import KvfastError
+from kvfast.export_commit import MARKER, Commit
 from kvfast.model import ModelGeometry
-
-MARKERS = "_kvfast"
 
 
 class ExportError(KvfastError):
@@ -67,37 +78,52 @@ class _Options:
         }
 
 
-def _key(path: str) -> str:
-    p = Path(path)
-    digest = hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:10]
-    return f"{p.stem}-{digest}"
+def _unique(files: list[str]) -> dict[str, str]:
+    """Each state once, as given first, keyed to its real path (a directory and files in it, a
+    symbolic link and its target, the same path twice: one state)."""
+    seen: dict[str, str] = {}
+    for f in files:
+        seen.setdefault(os.path.realpath(f), f)
+    return {f: real for real, f in seen.items()}
 
 
-def _source_id(path: str) -> dict[str, Any]:
-    st = os.stat(path)
-    return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+def _check_layout(out: Path) -> None:
+    """Refuse a folder holding Parquet or partition folders at its top (another tool's dataset, or
+    kvfast's layout before states had their own folder): exporting into it would mix layouts."""
+    if not out.is_dir():
+        return
+    foreign = sorted(p.name for p in out.iterdir() if "=" in p.name or p.suffix == ".parquet")
+    if foreign:
+        raise ExportError(
+            f"{out} holds {', '.join(foreign[:3])} at its top, not kvfast's layout (a folder per state):"
+            " export to a new folder (or delete it)",
+            _report([]),
+        )
 
 
-def _marker(opts: _Options, key: str) -> Path:
-    return opts.out / MARKERS / f"{key}.json"
+def _key(real: str) -> str:
+    """The state's directory name: its file's stem (made safe for hive readers: no ``=``, no
+    leading ``.`` or ``_``) and a hash of its real path."""
+    stem = re.sub(r"[^A-Za-z0-9_.+-]", "_", Path(real).stem).lstrip("._") or "state"
+    return f"{stem}-{hashlib.sha1(real.encode()).hexdigest()[:10]}"
 
 
-def _done(opts: _Options, path: str, key: str) -> bool:
-    m = _marker(opts, key)
-    if not m.exists():
-        return False
+def _source_id(real: str) -> dict[str, Any]:
+    st = os.stat(real)
+    return {"path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _done(opts: _Options, commit: Commit, key: str, source: dict[str, Any]) -> bool:
     try:
-        saved = json.loads(m.read_text())
+        saved = json.loads((commit.published(key) / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return bool(saved.get("source") == _source_id(path) and saved.get("options") == opts.signature())
+    return bool(saved.get("source") == source and saved.get("options") == opts.signature())
 
 
-def _write_atomic(frames: Iterator[pl.DataFrame], dest: Path) -> int:
-    """Write the frames, one row group (or more) each, to a hidden temporary file, then rename it
-    to `dest`; only one frame is in memory at a time. Returns the rows written."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+def _write(frames: Iterator[pl.DataFrame], dest: Path) -> int:
+    """Write the frames, one row group (or more) each, to `dest` (in a staging directory); only one
+    frame is in memory at a time. Returns the rows written; no file when there is no frame."""
     rows = 0
     writer: pq.ParquetWriter | None = None
     try:
@@ -106,23 +132,16 @@ def _write_atomic(frames: Iterator[pl.DataFrame], dest: Path) -> int:
             if writer is None:
                 # dictionary-encode the index columns only: trying it on the values is slow and useless
                 dictionary = [c for c in table.column_names if c in INDEX_SCHEMA]
+                dest.parent.mkdir(parents=True, exist_ok=True)
                 writer = pq.ParquetWriter(
-                    tmp, table.schema, compression="zstd", compression_level=1, use_dictionary=dictionary
+                    dest, table.schema, compression="zstd", compression_level=1, use_dictionary=dictionary
                 )
             writer.write_table(table)
             rows += df.height
-        if writer is None:
-            return 0
-        writer.close()
-        writer = None
-        os.replace(tmp, dest)
-        return rows
-    except BaseException:
+    finally:
         if writer is not None:
             writer.close()
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    return rows
 
 
 def _partitions(opts: _Options, d: Dump) -> list[tuple[dict[str, Any], pl.DataFrame]]:
@@ -152,34 +171,42 @@ def _part_frames(opts: _Options, d: Dump, part: dict[str, Any], recs: pl.DataFra
         yield df.drop(list(part))
 
 
-def _export_one(opts: _Options, path: str) -> dict[str, Any]:
-    key = _key(path)
+def _export_one(opts: _Options, commit: Commit, path: str, real: str) -> dict[str, Any]:
+    """Stage the state's files and marker, then publish them in one step; on failure, take any
+    earlier export of the state away too (a failed state leaves nothing behind)."""
+    key = _key(real)
     row: dict[str, Any] = {"path": path, "status": "skipped", "rows": 0, "files": 0, "error": None}
-    if _done(opts, path, key):
-        return row
-    written: list[Path] = []
+    staged: Path | None = None
     try:
+        # the source as it was before reading: a change during the export makes the marker stale
+        source = _source_id(real)
+        if _done(opts, commit, key, source):
+            return row
+        staged = commit.stage(key)
         with open(path, head_dim=opts.head_dim, model=opts.model) as d:
             for part, recs in _partitions(opts, d):
-                dest = opts.out.joinpath(*[f"{k}={v}" for k, v in part.items()]) / f"{key}.parquet"
-                n = _write_atomic(_part_frames(opts, d, part, recs), dest)
-                if n:
-                    written.append(dest)
+                dest = staged.joinpath(*[f"{k}={v}" for k, v in part.items()]) / f"{key}.parquet"
+                n = _write(_part_frames(opts, d, part, recs), dest)
+                row["files"] += dest.exists()
                 row["rows"] += n
-        m = _marker(opts, key)
-        m.parent.mkdir(parents=True, exist_ok=True)
-        tmp = m.with_name(f".{m.name}.tmp-{os.getpid()}")
-        tmp.write_text(
-            json.dumps({"source": _source_id(path), "options": opts.signature(), "rows": row["rows"]})
-        )
-        os.replace(tmp, m)
-        row.update(status="written", files=len(written))
+        marker = {"source": source, "options": opts.signature(), "rows": row["rows"], "files": row["files"]}
+        (staged / MARKER).write_text(json.dumps(marker))
+        commit.publish(staged, key)
+        row["status"] = "written"
     except Exception as e:  # noqa: BLE001 - every failure is reported; nothing partial stays
-        for f in written:
-            with contextlib.suppress(OSError):
-                f.unlink()
         row.update(status="failed", rows=0, files=0, error=f"{type(e).__name__}: {e}")
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+        try:
+            commit.retire(key)
+        except OSError as gone:
+            row["error"] += f" (and its earlier export could not be removed: {gone})"
     return row
+
+
+def _report(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    schema = {"path": pl.String(), "status": pl.String(), "rows": pl.Int64(), "files": pl.Int64()}
+    return pl.DataFrame(rows, schema={**schema, "error": pl.String()})
 
 
 def _progress(total: int) -> Any:
@@ -216,8 +243,10 @@ def export(
     status ('written', 'skipped' when already exported and unchanged, 'failed'), rows, files and
     error. f16 values stay f16 (Parquet's Float16 logical type) unless ``dtype="float32"``.
 
-    ``on_error="skip"`` reports a failing state and goes on; ``"fail"`` stops the batch and raises
-    :class:`ExportError` carrying the report. Either way no partial file of a failed state is left.
+    ``on_error="skip"`` reports a failing state and goes on; ``"fail"`` starts no new state once
+    one has failed, lets those already started finish, and raises :class:`ExportError` carrying the
+    report. Either way a failed state leaves nothing behind, not even an earlier export of it.
+    Inputs naming one file twice (by real path) are exported once, reported under the first name.
     """
     if what not in ("values", "stats"):
         raise ValueError(f"what must be 'values' or 'stats', not {what!r}")
@@ -226,7 +255,7 @@ def export(
     bad = set(partition_by) - {"cache", "layer", "kind"}
     if bad:
         raise ValueError(f"partition_by takes cache, layer and kind, not {sorted(bad)}")
-    files = expand(paths)
+    files = _unique(expand(paths))
     geometry = model if model is None or isinstance(model, ModelGeometry) else ModelGeometry.from_gguf(model)
     if what == "values" and dtype is None:
         # one values type for the whole dataset: f16 when every state is f16
@@ -235,14 +264,21 @@ def export(
         for dd in dumps:
             dd.close()
     opts = _Options(Path(out_dir), what, by, tuple(partition_by), head_dim, geometry, dtype)
-    opts.out.mkdir(parents=True, exist_ok=True)
+    _check_layout(opts.out)
     rows: list[dict[str, Any]] = []
     bar = _progress(len(files))
     failed: dict[str, Any] | None = None
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        pending = {pool.submit(_export_one, opts, f) for f in files}
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+    n_jobs = max(1, jobs or os.cpu_count() or 1)
+    todo = iter(files.items())
+    with Commit(opts.out) as commit, ThreadPoolExecutor(max_workers=n_jobs) as pool:
+        running: set[Future[dict[str, Any]]] = set()
+        while True:
+            # no new state is started once one has failed with on_error="fail"
+            while failed is None and len(running) < n_jobs and (item := next(todo, None)) is not None:
+                running.add(pool.submit(_export_one, opts, commit, *item))
+            if not running:
+                break
+            done, running = wait(running, return_when=FIRST_COMPLETED)
             for fut in done:
                 row = fut.result()
                 rows.append(row)
@@ -250,25 +286,10 @@ def export(
                     bar.update(1)
                 if row["status"] == "failed" and on_error == "fail" and failed is None:
                     failed = row
-                    for p in pending:
-                        p.cancel()
-            if failed is not None:
-                wait(pending)
-                rows.extend(f.result() for f in pending if not f.cancelled())
-                break
     if bar is not None:
         bar.close()
     order = {f: i for i, f in enumerate(files)}
-    report = pl.DataFrame(
-        sorted(rows, key=lambda r: order[r["path"]]),
-        schema={
-            "path": pl.String(),
-            "status": pl.String(),
-            "rows": pl.Int64(),
-            "files": pl.Int64(),
-            "error": pl.String(),
-        },
-    )
+    report = _report(sorted(rows, key=lambda r: order[r["path"]]))
     if failed is not None:
         raise ExportError(f"{failed['path']}: {failed['error']}", report)
     return report
