@@ -99,6 +99,7 @@ fn parse_cache(cur: &mut Cursor, reading: Reading, ci: usize) -> Result<(Cache, 
     for s in 0..n_stream {
         streams.push(parse_stream(cur, reading, ci, s)?);
     }
+    streams_agree(ci, &streams)?;
     Ok((
         Cache {
             offset: offset as u64,
@@ -309,4 +310,71 @@ fn trans_record(cur: &mut Cursor, field: &str, cells: u32) -> Result<Record> {
         data_len,
         transposed: true,
     })
+}
+
+/// Every stream of a cache holds the same layers (llama.cpp keeps one tensor per layer and splits
+/// it by stream), so a stream whose layers differ from the first filled stream's in count, type,
+/// row width or transposition is not a state llama.cpp wrote; reading it would give one stream's
+/// rows another's widths. Called once all of a cache's streams have parsed.
+fn streams_agree(ci: usize, streams: &[Stream]) -> Result<()> {
+    let mut filled = streams.iter().filter(|s| !s.layers.is_empty());
+    let Some(first) = filled.next() else {
+        return Ok(());
+    };
+    for s in filled {
+        let at = format!("cache {ci} stream {}", s.index);
+        let like = format!("as in stream {}", first.index);
+        let header = s.layer_header_offset as usize;
+        if s.v_trans != first.v_trans {
+            return Err(Error::format(
+                format!("{at} v_trans"),
+                header,
+                format!("{} {like}", first.v_trans as u32),
+                s.v_trans as u32,
+            ));
+        }
+        if s.layers.len() != first.layers.len() {
+            return Err(Error::format(
+                format!("{at} n_layer"),
+                header + 4,
+                format!("{} {like}", first.layers.len()),
+                s.layers.len(),
+            ));
+        }
+        for (l, (a, b)) in first.layers.iter().zip(&s.layers).enumerate() {
+            record_agrees(&format!("{at} layer {l} k"), &a.k, &b.k, &like)?;
+            if let (Some(a), Some(b)) = (&a.v, &b.v) {
+                record_agrees(&format!("{at} layer {l} v"), a, b, &like)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One record against the same record of the cache's first filled stream: type, then width
+/// (transposition is the streams' v_trans, checked before).
+fn record_agrees(field: &str, want: &Record, got: &Record, like: &str) -> Result<()> {
+    let at = got.header_offset as usize;
+    if got.ty != want.ty {
+        return Err(Error::format(
+            format!("{field} type"),
+            at,
+            format!("{} {like}", want.ty),
+            got.ty,
+        ));
+    }
+    if got.n_embd != want.n_embd || got.row_bytes != want.row_bytes {
+        let (name, off, w, g) = if got.transposed {
+            ("n_embd_v_gqa", at + 8, want.n_embd, got.n_embd)
+        } else {
+            ("row_bytes", at + 4, want.row_bytes, got.row_bytes)
+        };
+        return Err(Error::format(
+            format!("{field} {name}"),
+            off,
+            format!("{w} {like}"),
+            g,
+        ));
+    }
+    Ok(())
 }

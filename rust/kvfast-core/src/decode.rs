@@ -25,12 +25,13 @@ fn f16_row(src: &[u8], dst: &mut [f32]) {
         unsafe { f16_row_f16c(src, dst) };
         return;
     }
+    let n = dst.len().min(src.len() / 2);
     #[cfg(target_endian = "little")]
     if (src.as_ptr() as usize) % 2 == 0 {
-        // SAFETY: `src` is 2-aligned and holds `dst.len()` little-endian u16 values.
-        let bits: &[u16] =
-            unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u16, dst.len()) };
-        bits.reinterpret_cast::<f16>().convert_to_f32_slice(dst);
+        // SAFETY: `src` is 2-aligned and holds at least `n` little-endian u16 values.
+        let bits: &[u16] = unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u16, n) };
+        bits.reinterpret_cast::<f16>()
+            .convert_to_f32_slice(&mut dst[..n]);
         return;
     }
     let mut tmp = [0u16; 256];
@@ -44,15 +45,16 @@ fn f16_row(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// Eight values at a time with VCVTPH2PS; unaligned loads, so any file offset works.
+/// Eight values at a time with VCVTPH2PS; unaligned loads, so any file offset works. Converts the
+/// values both slices hold (the smaller of `dst.len()` and `src.len() / 2`), whatever their lengths.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx,f16c")]
 unsafe fn f16_row_f16c(src: &[u8], dst: &mut [f32]) {
     use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
-    let n = dst.len();
+    let n = dst.len().min(src.len() / 2);
     let whole = n / 8 * 8;
     for i in (0..whole).step_by(8) {
-        // SAFETY: i + 8 <= n; `src` holds 2 * n bytes.
+        // SAFETY: i + 8 <= n, so `src` holds the 16 bytes read and `dst` the 8 values written.
         unsafe {
             let h = _mm_loadu_si128(src.as_ptr().add(2 * i) as *const __m128i);
             _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
@@ -63,11 +65,17 @@ unsafe fn f16_row_f16c(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// Decode one row: `src` holds whole blocks of `ty`, `dst` their values.
-pub fn decode_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+/// Decode one row: the whole blocks of `ty` in `src` into their values in `dst`, as many blocks as
+/// both hold. Values of `dst` that no whole block of `src` covers are set to NaN (never the case
+/// for the rows of a walked record, whose bytes hold exactly its blocks). Returns how many values
+/// were decoded. Never reads outside `src`, whatever the lengths.
+pub fn decode_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> usize {
     let bb = ty.block_bytes();
     let bl = ty.block_len();
-    debug_assert_eq!(src.len() / bb * bl, dst.len());
+    let blocks = (src.len() / bb).min(dst.len() / bl);
+    let (dst, rest) = dst.split_at_mut(blocks * bl);
+    rest.fill(f32::NAN);
+    let src = &src[..blocks * bb];
     match ty {
         GgmlType::F32 => {
             for (o, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
@@ -139,6 +147,7 @@ pub fn decode_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
             }
         }
     }
+    blocks * bl
 }
 
 /// Rows per parallel task: enough work to amortize scheduling, small enough to balance.
@@ -148,6 +157,14 @@ fn rows_per_task(row_values: usize) -> usize {
 
 /// Decode `src` (whole rows of `row_bytes` each) into `dst` (`n_embd` values per row), in parallel.
 pub fn decode_rows(ty: GgmlType, src: &[u8], row_bytes: usize, n_embd: usize, dst: &mut [f32]) {
+    // Rows that `src` does not hold decode to NaN (never the case for a walked record's rows).
+    if n_embd == 0 || row_bytes == 0 {
+        dst.fill(f32::NAN);
+        return;
+    }
+    let held = (src.len() / row_bytes).min(dst.len() / n_embd) * n_embd;
+    let (dst, rest) = dst.split_at_mut(held);
+    rest.fill(f32::NAN);
     let per = rows_per_task(n_embd);
     dst.par_chunks_mut(per * n_embd)
         .zip(src.par_chunks(per * row_bytes))
@@ -159,9 +176,25 @@ pub fn decode_rows(ty: GgmlType, src: &[u8], row_bytes: usize, n_embd: usize, ds
         });
 }
 
+/// Whether `src` holds `n_embd` runs of `cells` elements of `el` bytes: then element `j * cells + c`
+/// of every `j < n_embd` and `c < cells` lies inside it.
+fn holds_transposed(src: &[u8], el: usize, cells: usize, n_embd: usize) -> bool {
+    el > 0
+        && n_embd > 0
+        && n_embd
+            .checked_mul(cells)
+            .and_then(|v| v.checked_mul(el))
+            .is_some_and(|need| need <= src.len())
+}
+
 /// Transpose element-major V (`n_embd` runs of `cells` elements of `el` bytes) into cell-major
-/// rows of the same bytes, in parallel.
+/// rows of the same bytes, in parallel. Rows `src` does not hold (cells past `cells`, or all of
+/// them when `src` is shorter than the runs) are 0xFF bytes: NaN in every float type.
 pub fn transpose_bytes(src: &[u8], el: usize, cells: usize, n_embd: usize, dst: &mut [u8]) {
+    if !holds_transposed(src, el, cells, n_embd) {
+        dst.fill(0xFF);
+        return;
+    }
     let per = rows_per_task(n_embd);
     dst.par_chunks_mut(per * n_embd * el)
         .enumerate()
@@ -169,6 +202,10 @@ pub fn transpose_bytes(src: &[u8], el: usize, cells: usize, n_embd: usize, dst: 
             let c0 = t * per;
             for (ci, orow) in o.chunks_exact_mut(n_embd * el).enumerate() {
                 let c = c0 + ci;
+                if c >= cells {
+                    orow.fill(0xFF);
+                    continue;
+                }
                 for j in 0..n_embd {
                     let s = (j * cells + c) * el;
                     orow[j * el..(j + 1) * el].copy_from_slice(&src[s..s + el]);
@@ -177,9 +214,14 @@ pub fn transpose_bytes(src: &[u8], el: usize, cells: usize, n_embd: usize, dst: 
         });
 }
 
-/// Transpose element-major float V into cell-major f32 rows, in parallel.
+/// Transpose element-major float V into cell-major f32 rows, in parallel. Rows `src` does not
+/// hold are NaN.
 pub fn decode_transposed(ty: GgmlType, src: &[u8], cells: usize, n_embd: usize, dst: &mut [f32]) {
     let el = ty.block_bytes();
+    if !holds_transposed(src, el, cells, n_embd) {
+        dst.fill(f32::NAN);
+        return;
+    }
     let per = rows_per_task(n_embd);
     dst.par_chunks_mut(per * n_embd)
         .enumerate()
@@ -187,6 +229,10 @@ pub fn decode_transposed(ty: GgmlType, src: &[u8], cells: usize, n_embd: usize, 
             let c0 = t * per;
             for (ci, orow) in o.chunks_exact_mut(n_embd).enumerate() {
                 let c = c0 + ci;
+                if c >= cells {
+                    orow.fill(f32::NAN);
+                    continue;
+                }
                 for (j, v) in orow.iter_mut().enumerate() {
                     let s = (j * cells + c) * el;
                     decode_row(ty, &src[s..s + el], std::slice::from_mut(v));

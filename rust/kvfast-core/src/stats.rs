@@ -40,10 +40,15 @@ impl CellStats {
     }
 }
 
-/// Per-(cell, head) statistics of the cells in `cells` (indices into the record), in that order.
+/// Per-(cell, head) statistics of the cells in `cells` (indices into the record), in that order;
+/// `n_embd / head_dim` heads per cell (none for a head_dim of 0). A cell the view's bytes do not
+/// hold reads as NaN.
 pub fn cell_stats(v: &RecordView, cells: &[usize], head_dim: usize) -> CellStats {
     let n = v.n_embd;
-    let heads = n / head_dim;
+    let heads = n.checked_div(head_dim).unwrap_or(0);
+    if heads == 0 {
+        return CellStats::default();
+    }
     let rows = cells.len() * heads;
     let mut all = CellStats {
         l2: vec![0.0; rows],
@@ -80,7 +85,7 @@ pub fn cell_stats(v: &RecordView, cells: &[usize], head_dim: usize) -> CellStats
                 };
                 let mut row = vec![0f32; n];
                 for &c in chunk {
-                    v.decode(c, c + 1, &mut row);
+                    decode_cell(v, c, &mut row);
                     stats_of_row(&row, head_dim, &mut out);
                 }
             },
@@ -112,6 +117,14 @@ impl StatsOut<'_> {
         self.absmax[i] = s.absmax;
         self.argmax[i] = s.argmax;
         self.at += 1;
+    }
+}
+
+/// Decode cell `c` into `row` (NaN for a cell the view does not hold).
+fn decode_cell(v: &RecordView, c: usize, row: &mut [f32]) {
+    match c.checked_add(1) {
+        Some(end) => v.decode(c, end, row),
+        None => row.fill(f32::NAN),
     }
 }
 
@@ -395,10 +408,13 @@ impl Accum {
         }
     }
 
-    /// Moments of every value of head `h` (all its channels merged).
+    /// Moments of every value of head `h` (all its channels merged; those of them there are).
     pub fn head(&self, h: usize, head_dim: usize) -> Moments {
+        let len = self.channels.len();
+        let lo = h.saturating_mul(head_dim).min(len);
+        let hi = lo.saturating_add(head_dim).min(len);
         let mut m = Moments::default();
-        for c in &self.channels[h * head_dim..(h + 1) * head_dim] {
+        for c in &self.channels[lo..hi] {
             m.merge(c);
         }
         m
@@ -464,17 +480,20 @@ fn chunk_moments_generic(buf: &[f32], n: usize, head_dim: usize, acc: &mut Accum
     }
 }
 
-/// Channel moments and head L2 sums of the cells in `cells`.
+/// Channel moments and head L2 sums of the cells in `cells` (nothing for a head_dim of 0).
 pub fn accumulate(v: &RecordView, cells: &[usize], head_dim: usize) -> Accum {
     let n = v.n_embd;
-    let heads = n / head_dim;
+    let heads = n.checked_div(head_dim).unwrap_or(0);
+    if n == 0 || head_dim == 0 {
+        return Accum::new(n, heads);
+    }
     cells
         .par_chunks(v.chunk_cells())
         .map(|chunk| {
             populate_chunk(v, chunk);
             let mut buf = vec![0f32; chunk.len() * n];
             for (i, &c) in chunk.iter().enumerate() {
-                v.decode(c, c + 1, &mut buf[i * n..(i + 1) * n]);
+                decode_cell(v, c, &mut buf[i * n..(i + 1) * n]);
             }
             let mut acc = Accum::new(n, heads);
             chunk_moments(&buf, n, head_dim, &mut acc);
@@ -523,7 +542,8 @@ fn pair(a: &[f32], b: &[f32]) -> PairStat {
     }
 }
 
-/// Per-(pair, head) errors of `b`'s cell against `a`'s for every `(cell_a, cell_b)` pair.
+/// Per-(pair, head) errors of `b`'s cell against `a`'s for every `(cell_a, cell_b)` pair. Records
+/// of different widths have no rows to match: nothing (nor for a head_dim of 0).
 pub fn compare(
     a: &RecordView,
     b: &RecordView,
@@ -531,6 +551,9 @@ pub fn compare(
     head_dim: usize,
 ) -> Vec<PairStat> {
     let n = a.n_embd;
+    if head_dim == 0 || b.n_embd != n {
+        return Vec::new();
+    }
     pairs
         .par_chunks(a.chunk_cells())
         .flat_map_iter(|chunk| {
@@ -545,8 +568,8 @@ pub fn compare(
             let (mut ra, mut rb) = (vec![0f32; n], vec![0f32; n]);
             let mut out = Vec::with_capacity(chunk.len() * (n / head_dim));
             for &(ca, cb) in chunk {
-                a.decode(ca, ca + 1, &mut ra);
-                b.decode(cb, cb + 1, &mut rb);
+                decode_cell(a, ca, &mut ra);
+                decode_cell(b, cb, &mut rb);
                 for (ha, hb) in ra.chunks_exact(head_dim).zip(rb.chunks_exact(head_dim)) {
                     out.push(pair(ha, hb));
                 }
@@ -586,7 +609,9 @@ pub fn round_trip_loss(
     f: &(dyn Fn(&[f32], &mut [f32]) + Sync),
 ) -> Vec<LossSums> {
     let n = v.n_embd;
-    let heads = n / head_dim;
+    let Some(heads) = n.checked_div(head_dim) else {
+        return Vec::new();
+    };
     cells
         .par_chunks(v.chunk_cells())
         .map(|chunk| {
@@ -594,7 +619,7 @@ pub fn round_trip_loss(
             let (mut row, mut back) = (vec![0f32; n], vec![0f32; n]);
             let mut acc = vec![LossSums::default(); heads];
             for &c in chunk {
-                v.decode(c, c + 1, &mut row);
+                decode_cell(v, c, &mut row);
                 f(&row, &mut back);
                 for (h, (x, y)) in row
                     .chunks_exact(head_dim)

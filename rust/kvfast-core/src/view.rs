@@ -15,11 +15,14 @@ pub struct RecordView<'a> {
 }
 
 impl<'a> RecordView<'a> {
+    /// The view of `rec`'s rows in `bytes`; a record that does not lie inside them (never one the
+    /// walk of those bytes found) gets no bytes, so every value decodes to NaN.
     pub fn new(bytes: &'a [u8], rec: &Record, cells: usize) -> Self {
         let start = rec.data_offset as usize;
+        let end = start.saturating_add(rec.data_len as usize);
         RecordView {
             ty: rec.ty,
-            data: &bytes[start..start + rec.data_len as usize],
+            data: bytes.get(start..end).unwrap_or(&[]),
             cells,
             n_embd: rec.n_embd as usize,
             row_bytes: rec.row_bytes as usize,
@@ -35,32 +38,49 @@ impl<'a> RecordView<'a> {
     /// Map the pages of cells `c0..=c1` in one call (MADV_POPULATE_READ) instead of a page fault
     /// per 4 KiB; a no-op where the kernel lacks it. Transposed records are populated whole.
     pub fn populate(&self, c0: usize, c1: usize) {
+        let len = self.data.len();
         let (start, end) = if self.transposed {
-            (0, self.data.len())
+            (0, len)
         } else {
             (
-                c0 * self.row_bytes,
-                ((c1 + 1) * self.row_bytes).min(self.data.len()),
+                c0.saturating_mul(self.row_bytes),
+                c1.saturating_add(1).saturating_mul(self.row_bytes),
             )
         };
-        populate(&self.data[start..end]);
+        populate(self.data.get(start.min(len)..end.min(len)).unwrap_or(&[]));
     }
 
-    /// Decode cells `c0..c1` into `out` (`(c1 - c0) * n_embd` values, cell-major).
+    /// Decode cells `c0..c1` into `out` (`(c1 - c0) * n_embd` values, cell-major). Whatever the
+    /// fields say, only `data` is read: a value whose bytes are not there (a cell
+    /// past the record, a row wider than its bytes) decodes to NaN.
     pub fn decode(&self, c0: usize, c1: usize, out: &mut [f32]) {
-        let n = self.n_embd;
+        let (n, rb) = (self.n_embd, self.row_bytes);
+        if n == 0 {
+            return;
+        }
+        let rows = out.chunks_exact_mut(n).zip(c0..c1);
         if !self.transposed {
-            let src = &self.data[c0 * self.row_bytes..c1 * self.row_bytes];
-            for (o, s) in out
-                .chunks_exact_mut(n)
-                .zip(src.chunks_exact(self.row_bytes))
-            {
-                decode_row(self.ty, s, o);
+            for (o, c) in rows {
+                let s = c.checked_mul(rb).and_then(|s| Some(s..s.checked_add(rb)?));
+                match s.and_then(|s| self.data.get(s)) {
+                    Some(s) => {
+                        decode_row(self.ty, s, o);
+                    }
+                    None => o.fill(f32::NAN),
+                }
             }
         } else {
             let el = self.ty.block_bytes();
-            for (ci, o) in out.chunks_exact_mut(n).enumerate() {
-                let c = c0 + ci;
+            // Cell c's value j is element j * cells + c: all inside `data` when the whole record is.
+            let whole = n
+                .checked_mul(self.cells)
+                .and_then(|v| v.checked_mul(el))
+                .is_some_and(|need| need <= self.data.len());
+            for (o, c) in rows {
+                if !whole || c >= self.cells {
+                    o.fill(f32::NAN);
+                    continue;
+                }
                 for (j, v) in o.iter_mut().enumerate() {
                     let s = (j * self.cells + c) * el;
                     decode_row(self.ty, &self.data[s..s + el], std::slice::from_mut(v));

@@ -363,9 +363,10 @@ pub fn quant_error(
                     ty.block_len()
                 )));
             }
-            let rb = ty.row_bytes(n as u64).expect("checked") as usize;
+            // The quantized row is sized from the row itself (every stream's rows have one width:
+            // the walk checks it), so no row is ever read into another's width.
             let trip = move |x: &[f32], y: &mut [f32]| {
-                let mut q = vec![0u8; rb];
+                let mut q = vec![0u8; ty.row_bytes(x.len() as u64).unwrap_or(0) as usize];
                 quantize_row(ty, x, &mut q);
                 decode_row(ty, &q, y);
             };
