@@ -51,7 +51,7 @@ def test_every_fixture_decodes_like_numpy(state_file: Path) -> None:
 def test_bit_exact_with_gguf_dequantize(tmp_path: Path, ty: str) -> None:
     path = tmp_path / "s.bin"
     synth.write_state(path, cells=33, n_layer=2, n_embd_k=256, k_type=ty, v_type="f16", seed=7)
-    with kvfast.open(path) as d:
+    with kvfast.open(path, rotation="none") as d:
         ly = d.caches[0].streams[0].layers[1]
         raw = path.read_bytes()[ly.k_offset : ly.k_offset + ly.k_nbytes]
         qtype = getattr(gguf.GGMLQuantizationType, ty.upper())

@@ -11,12 +11,14 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from kvfast import _kvfast, analysis
+from kvfast import _kvfast, analysis, select
 from kvfast import probe as probe_manifest
 from kvfast.address import Where, file_offset, locate, record_ref, tensor_offset
 from kvfast.analysis import By
 from kvfast.errors import ClosedError, ModelMismatchError
 from kvfast.model import ModelGeometry
+from kvfast.rotation import BuildHint, Mode, Rotation
+from kvfast.rotation import plan as plan_rotation
 from kvfast.structure import _LAYER_KEYS, Cache, _build_caches, _i32
 
 if TYPE_CHECKING:
@@ -41,10 +43,14 @@ class Dump:
         head_dim: int | None = None,
         model: str | os.PathLike[str] | ModelGeometry | None = None,
         cell_ext: bool | None = None,
+        mmap: bool = True,
+        rotation: Mode = "auto",
     ) -> None:
         self.path = os.fspath(path)
+        head_dim = select.head_dim(head_dim)
         #: Token pieces of the state's tokens, when a probe manifest beside it records them.
         self.pieces: list[str] | None = None
+        self._build_hint: BuildHint | None = None
         if model is None and head_dim is None:
             found = probe_manifest.geometry_for(self.path)
             if found is not None:
@@ -52,7 +58,7 @@ class Dump:
         if model is not None and not isinstance(model, ModelGeometry):
             model = ModelGeometry.from_gguf(model)
         self.model: ModelGeometry | None = model
-        self._state: _kvfast.State | None = _kvfast.State(self.path, cell_ext=cell_ext)
+        self._state: _kvfast.State | None = _kvfast.State(self.path, cell_ext=cell_ext, mmap=mmap)
         info = self._state.info()
         self._info = info
         raw = self._state.caches()
@@ -74,6 +80,13 @@ class Dump:
                 for li, ld in enumerate(s["layers"]):
                     ld["model_layer"] = None if self._model_layers is None else self._model_layers[ci][li]
         self._caches = _build_caches(raw)
+        select.check_rows(self._caches, self.head_dim_k, self.head_dim_v)
+        heads = (self.head_dim_k, self.head_dim_v)
+        self._rotation = plan_rotation(self._state, self._caches, info, heads, rotation, self._build_hint)
+        groups = [[0, 0] for _ in self._caches]
+        for r in self._rotation:
+            groups[r.cache][r.kind == "v"] = r.group or 0
+        self._state.set_rotation(groups)
 
     def _check_model(self, model: ModelGeometry, raw: list[dict[str, Any]], head_dim: int | None) -> None:
         if head_dim is not None and head_dim != model.head_dim_k:
@@ -195,6 +208,13 @@ class Dump:
         return int(self._get("ext_bytes")) > 0
 
     @property
+    def rotation(self) -> list[Rotation]:
+        """Per cache and kind: whether llama.cpp's Hadamard rotation of quantized caches is undone
+        (values in the model's basis), in which group size, and on what evidence."""
+        self._live()
+        return list(self._rotation)
+
+    @property
     def caches(self) -> list[Cache]:
         self._live()
         return self._caches
@@ -286,10 +306,8 @@ class Dump:
         ``stream=None`` takes the first stream that holds cells.
         """
         state = self._live()
-        if stream is None:
-            streams = self._caches[cache].streams if cache < len(self._caches) else []
-            stream = next((s.index for s in streams if s.cell_count), 0)
-        buf, name, n_embd, cells, _ = state.rows(cache, stream, layer, kind, dtype)
+        rec = record_ref(self._caches, cache, layer, kind, stream)
+        buf, name, n_embd, cells, _ = state.rows(cache, rec.stream.index, layer, rec.kind, dtype)
         arr: npt.NDArray[Any] = np.frombuffer(memoryview(buf), dtype=np.dtype(name).newbyteorder("<"))
         return arr.reshape(cells, n_embd)
 
@@ -301,13 +319,15 @@ class Dump:
         dtype: str | None,
         caches: Sequence[int] | None = None,
     ) -> _kvfast.ArrowStream:
-        if isinstance(kinds, str):
-            kinds = [kinds]
+        heads_ = (self.head_dim_k, self.head_dim_v)
+        sel = select.selection(
+            self.caches, layers=layers, kinds=kinds, heads=heads, caches=caches, head_dims=heads_
+        )
         return self._live().table(
-            caches=None if caches is None else list(caches),
-            layers=None if layers is None else list(layers),
-            kinds=None if kinds is None else list(kinds),
-            heads=None if heads is None else list(heads),
+            caches=sel.caches,
+            layers=sel.layers,
+            kinds=sel.kinds,
+            heads=sel.heads,
             dtype=dtype,
             head_dim_k=self.head_dim_k,
             head_dim_v=self.head_dim_v,
@@ -386,6 +406,8 @@ def open(
     head_dim: int | None = None,
     model: str | os.PathLike[str] | ModelGeometry | None = None,
     cell_ext: bool | None = None,
+    mmap: bool = True,
+    rotation: Mode = "auto",
 ) -> Dump:
     """Map a llama.cpp KV-cache state and walk its layout (metadata only; rows stay on disk).
 
@@ -394,5 +416,15 @@ def open(
     2025. ``head_dim`` splits rows into heads; ``model`` (a GGUF file) gives the head sizes and the
     model's own layer index of each cache layer (iSWA caches interleave); ``cell_ext`` overrides the detection of M-RoPE cell
     extensions (needed only when the bytes parse both ways).
+
+    ``mmap=False`` reads the file into memory instead of mapping it: no array is then a view of the
+    file, and a file truncated or rewritten after open changes nothing. A mapped state checks before
+    each pass that the file is unchanged and raises :class:`kvfast.FileChangedError` if not.
+    ``head_dim`` must be a positive integer dividing every row, else :class:`kvfast.SelectionError`.
+
+    ``rotation`` (``"auto"``, ``"hadamard"`` or ``"none"``): llama.cpp stores quantized caches
+    Hadamard-rotated since April 2026; by default kvfast gives values in the model's basis wherever
+    the evidence says they were rotated (see :attr:`Dump.rotation` and :mod:`kvfast.rotation`);
+    ``"none"`` gives the values as stored.
     """
-    return Dump(path, head_dim=head_dim, model=model, cell_ext=cell_ext)
+    return Dump(path, head_dim=head_dim, model=model, cell_ext=cell_ext, mmap=mmap, rotation=rotation)

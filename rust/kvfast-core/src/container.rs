@@ -5,6 +5,7 @@ use crate::cursor::Cursor;
 use crate::error::{Error, Result};
 use crate::guarantees::check;
 use crate::layout::{Cache, Container, Layout, Outputs, Region};
+use crate::server_tokens::{unpack, ServerTokens};
 
 pub const GGSQ_MAGIC: u32 = 0x6767_7371;
 pub const GGSN_MAGIC: u32 = 0x6767_736E;
@@ -27,6 +28,7 @@ struct Prefix {
     seq_id: Option<i32>,
     arch: Option<String>,
     tokens: Option<Vec<i32>>,
+    server_tokens: Option<ServerTokens>,
     outputs: Option<Outputs>,
     regions: Vec<Region>,
     features: Vec<&'static str>,
@@ -93,7 +95,12 @@ pub fn walk(buf: &[u8], opts: WalkOptions) -> Result<Layout> {
             let tokens = cur.i32_array(n_token as u64, &format!("tokens ({n_token} token ids)"))?;
             let mut regions = vec![region(0, n_off + 4, "container header", "meta")];
             regions.push(region(n_off + 4, tokens.len() * 4, "tokens", "meta"));
-            let mut p = Prefix {
+            let server_tokens = unpack(&tokens, n_off + 4)?;
+            let mut features = vec![];
+            if server_tokens.is_some() {
+                features.push("server token blob v1");
+            }
+            let p = Prefix {
                 container: if ggsq {
                     Container::Ggsq
                 } else {
@@ -102,16 +109,32 @@ pub fn walk(buf: &[u8], opts: WalkOptions) -> Result<Layout> {
                 version: Some(version),
                 seq_id: None,
                 arch: None,
-                tokens: Some(tokens),
+                tokens: Some(match &server_tokens {
+                    Some(st) => st.tokens.clone(),
+                    None => tokens,
+                }),
+                server_tokens,
                 outputs: None,
                 regions,
-                features: vec![],
+                features,
                 memory: cur.pos(),
             };
-            if !ggsq {
-                p = state_prefix(cur, p, !modern)?;
+            if ggsq {
+                candidates.push((p, if modern { vec![new] } else { old.to_vec() }));
+            } else if modern {
+                candidates.push((state_prefix(cur, p, false)?, vec![new]));
+            } else {
+                // GGSN 9: with the outputs block (to February 2026), or without it (from then on,
+                // with no version bump); both are tried, and exactly one must consume the bytes.
+                let mut prior = None;
+                for (with_outputs, readings) in [(true, old.to_vec()), (false, vec![old[0]])] {
+                    match state_prefix(cur, p.clone(), with_outputs) {
+                        Ok(p) => candidates.push((p, readings)),
+                        Err(e) => prior = Some(furthest(prior, e)),
+                    }
+                }
+                return choose(buf, candidates, opts, prior);
             }
-            candidates.push((p, if modern { vec![new] } else { old.to_vec() }));
         }
         IO_MAGIC => {
             let off = cur.pos();
@@ -130,6 +153,7 @@ pub fn walk(buf: &[u8], opts: WalkOptions) -> Result<Layout> {
                 seq_id: Some(seq_id),
                 arch: None,
                 tokens: None,
+                server_tokens: None,
                 outputs: None,
                 regions: vec![region(0, 8, "io header", "meta")],
                 features: vec!["io magic"],
@@ -155,6 +179,7 @@ pub fn walk(buf: &[u8], opts: WalkOptions) -> Result<Layout> {
                 seq_id: None,
                 arch: None,
                 tokens: None,
+                server_tokens: None,
                 outputs: None,
                 regions: vec![],
                 features: vec![],
@@ -318,6 +343,7 @@ fn choose(
                 seq_id: p.seq_id,
                 arch: p.arch,
                 tokens: p.tokens,
+                server_tokens: p.server_tokens,
                 outputs: p.outputs,
                 ext_bytes,
                 features,

@@ -155,8 +155,16 @@ fn rows_per_task(row_values: usize) -> usize {
     (16384 / row_values.max(1)).max(1)
 }
 
-/// Decode `src` (whole rows of `row_bytes` each) into `dst` (`n_embd` values per row), in parallel.
-pub fn decode_rows(ty: GgmlType, src: &[u8], row_bytes: usize, n_embd: usize, dst: &mut [f32]) {
+/// Decode `src` (whole rows of `row_bytes` each) into `dst` (`n_embd` values per row), in parallel;
+/// with `rotation` > 0, each row is then taken back to the model's basis (groups of that size).
+pub fn decode_rows(
+    ty: GgmlType,
+    src: &[u8],
+    row_bytes: usize,
+    n_embd: usize,
+    rotation: usize,
+    dst: &mut [f32],
+) {
     // Rows that `src` does not hold decode to NaN (never the case for a walked record's rows).
     if n_embd == 0 || row_bytes == 0 {
         dst.fill(f32::NAN);
@@ -172,6 +180,9 @@ pub fn decode_rows(ty: GgmlType, src: &[u8], row_bytes: usize, n_embd: usize, ds
             crate::view::populate(s);
             for (orow, srow) in o.chunks_exact_mut(n_embd).zip(s.chunks_exact(row_bytes)) {
                 decode_row(ty, srow, orow);
+                if rotation > 0 {
+                    crate::rotation::hadamard_groups(orow, rotation);
+                }
             }
         });
 }

@@ -116,7 +116,11 @@ pub struct Layout {
     pub version: Option<u32>,
     pub seq_id: Option<i32>,
     pub arch: Option<String>,
+    /// Token ids (for a llama-server slot file, those of its packed blob).
     pub tokens: Option<Vec<i32>>,
+    /// llama-server's packed token blob, when the token array holds one (the raw words stay
+    /// readable in the file's "tokens" region).
+    pub server_tokens: Option<crate::server_tokens::ServerTokens>,
     pub outputs: Option<Outputs>,
     /// Bytes of a cell extension (0, 8 or 12).
     pub ext_bytes: u8,

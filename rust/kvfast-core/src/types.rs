@@ -92,6 +92,11 @@ impl GgmlType {
         self.block_len() == 1
     }
 
+    /// A block-quantized type (ggml_is_quantized): every type but f32, f16 and bf16.
+    pub fn is_quantized(self) -> bool {
+        !self.is_float()
+    }
+
     /// Bytes of a row of `n` values, None when `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let bl = self.block_len() as u64;

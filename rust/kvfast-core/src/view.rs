@@ -2,6 +2,7 @@
 
 use crate::decode::decode_row;
 use crate::layout::Record;
+use crate::rotation::hadamard_groups;
 use crate::types::GgmlType;
 
 #[derive(Clone, Copy)]
@@ -12,6 +13,8 @@ pub struct RecordView<'a> {
     pub n_embd: usize,
     pub row_bytes: usize,
     pub transposed: bool,
+    /// Undo llama.cpp's attention rotation in groups of this many values (0: values as stored).
+    pub rotation: usize,
 }
 
 impl<'a> RecordView<'a> {
@@ -27,6 +30,16 @@ impl<'a> RecordView<'a> {
             n_embd: rec.n_embd as usize,
             row_bytes: rec.row_bytes as usize,
             transposed: rec.transposed,
+            rotation: 0,
+        }
+    }
+
+    /// The same rows, read in the model's basis: every group of `n` values multiplied by the
+    /// Hadamard matrix of order `n` after decoding (0: as stored).
+    pub fn with_rotation(self, n: usize) -> Self {
+        RecordView {
+            rotation: n,
+            ..self
         }
     }
 
@@ -50,10 +63,20 @@ impl<'a> RecordView<'a> {
         populate(self.data.get(start.min(len)..end.min(len)).unwrap_or(&[]));
     }
 
-    /// Decode cells `c0..c1` into `out` (`(c1 - c0) * n_embd` values, cell-major). Whatever the
-    /// fields say, only `data` is read: a value whose bytes are not there (a cell
-    /// past the record, a row wider than its bytes) decodes to NaN.
+    /// Decode cells `c0..c1` into `out` (`(c1 - c0) * n_embd` values, cell-major), in the basis
+    /// the view was asked for.
     pub fn decode(&self, c0: usize, c1: usize, out: &mut [f32]) {
+        self.decode_stored(c0, c1, out);
+        if self.rotation > 0 && self.n_embd > 0 {
+            for row in out.chunks_exact_mut(self.n_embd) {
+                hadamard_groups(row, self.rotation);
+            }
+        }
+    }
+
+    /// Whatever the fields say, only `data` is read: a value whose bytes are not there (a cell
+    /// past the record, a row wider than its bytes) decodes to NaN.
+    fn decode_stored(&self, c0: usize, c1: usize, out: &mut [f32]) {
         let (n, rb) = (self.n_embd, self.row_bytes);
         if n == 0 {
             return;

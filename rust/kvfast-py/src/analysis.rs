@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use kvfast_core::decode::decode_row;
 use kvfast_core::quantize::quantize_row;
+use kvfast_core::rotation::hadamard_groups;
 use kvfast_core::stats::{
     accumulate, cell_stats as stats_of_cells, compare as compare_rows, round_trip_loss, Accum,
     CellStats, Moments,
@@ -33,7 +34,7 @@ pub struct Select {
 }
 
 impl Select {
-    fn selection(self) -> PyResult<Selection> {
+    fn selection(self, state: &State) -> PyResult<Selection> {
         let kinds = match self.kinds {
             None => vec!["k", "v"],
             Some(ks) => ks.iter().map(|k| parse_kind(k)).collect::<PyResult<_>>()?,
@@ -48,12 +49,13 @@ impl Select {
             head_dim_v: self.head_dim_v,
             model_layers: self.model_layers,
             with_values: true,
+            rotation: state.rotation_groups(),
         })
     }
 }
 
 fn view<'a>(sf: &'a StateFile, job: &Job<'a>) -> RecordView<'a> {
-    RecordView::new(sf.bytes(), job.rec, job.stream.cell_count as usize)
+    RecordView::new(sf.bytes(), job.rec, job.stream.cell_count as usize).with_rotation(job.rotation)
 }
 
 /// One row per (cache, stream, layer, kind, cell, sequence, head).
@@ -65,7 +67,7 @@ pub fn cell_stats(
     skip_first: i32,
 ) -> PyResult<ArrowStream> {
     let sf = state.get()?;
-    let sel = sel.selection()?;
+    let sel = sel.selection(state)?;
     py.detach(|| {
         let mut batches = vec![];
         for job in jobs(&sf, &sel).map_err(value_error)? {
@@ -98,6 +100,7 @@ fn empty_job(sf: &StateFile) -> PyResult<Job<'_>> {
         kind: "k",
         rec: &stream.layers[0].k,
         head_dim: 1,
+        rotation: 0,
     })
 }
 
@@ -275,7 +278,7 @@ pub fn aggregate_stats(
     skip_first: i32,
 ) -> PyResult<(ArrowStream, ArrowStream, ArrowStream)> {
     let sf = state.get()?;
-    let sel = sel.selection()?;
+    let sel = sel.selection(state)?;
     py.detach(|| {
         let (mut chan, mut head, mut layer) = (
             Aggregate::default(),
@@ -335,16 +338,20 @@ fn parse_type(name: &str) -> PyResult<GgmlType> {
 }
 
 /// What quantizing each row with `type_name` (ggml's reference quantizer) would lose, per head.
+/// `rotate` = (K group, V group): where nonzero, the pipeline is llama.cpp's for a rotated cache:
+/// rotate, quantize, dequantize, rotate back (the Hadamard matrix is its own inverse).
 #[pyfunction]
+#[pyo3(signature = (state, type_name, sel, skip_first, rotate=(0, 0)))]
 pub fn quant_error(
     py: Python<'_>,
     state: &State,
     type_name: &str,
     sel: Select,
     skip_first: i32,
+    rotate: (usize, usize),
 ) -> PyResult<ArrowStream> {
     let sf = state.get()?;
-    let sel = sel.selection()?;
+    let sel = sel.selection(state)?;
     let ty = parse_type(type_name)?;
     py.detach(|| {
         let mut out = Columns::default();
@@ -363,12 +370,27 @@ pub fn quant_error(
                     ty.block_len()
                 )));
             }
+            let rot = if j0.kind == "k" { rotate.0 } else { rotate.1 };
+            if rot > 0 && (!rot.is_power_of_two() || n % rot != 0) {
+                return Err(value_error(format!(
+                    "rotation group {rot} does not divide the {n} values of layer {} {} rows",
+                    j0.layer, j0.kind
+                )));
+            }
             // The quantized row is sized from the row itself (every stream's rows have one width:
             // the walk checks it), so no row is ever read into another's width.
             let trip = move |x: &[f32], y: &mut [f32]| {
                 let mut q = vec![0u8; ty.row_bytes(x.len() as u64).unwrap_or(0) as usize];
-                quantize_row(ty, x, &mut q);
-                decode_row(ty, &q, y);
+                if rot > 0 {
+                    let mut r = x.to_vec();
+                    hadamard_groups(&mut r, rot);
+                    quantize_row(ty, &r, &mut q);
+                    decode_row(ty, &q, y);
+                    hadamard_groups(y, rot);
+                } else {
+                    quantize_row(ty, x, &mut q);
+                    decode_row(ty, &q, y);
+                }
             };
             let mut sums = vec![Default::default(); n / j0.head_dim];
             for job in &group {
@@ -444,7 +466,8 @@ type Key = (Option<i32>, i32);
 #[pyfunction]
 pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> PyResult<ArrowStream> {
     let (sa, sb) = (a.get()?, b.get()?);
-    let sel = sel.selection()?;
+    let sel = sel.selection(a)?;
+    let rot_b = b.rotation_groups();
     py.detach(|| {
         check_geometry(&sa, &sb)?;
         let mut out = Columns::default();
@@ -484,7 +507,9 @@ pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> PyResult<Ar
                 let s_b = &cb.streams[si];
                 let lb = &s_b.layers[job.layer as usize];
                 let rec_b = if job.kind == "k" { &lb.k } else { lb.v.as_ref().expect("geometry checked") };
-                let vb = RecordView::new(sb.bytes(), rec_b, s_b.cell_count as usize);
+                let ki = usize::from(job.kind == "v");
+                let vb = RecordView::new(sb.bytes(), rec_b, s_b.cell_count as usize)
+                    .with_rotation(rot_b.get(job.cache as usize).map_or(0, |g| g[ki]));
                 let pairs: Vec<(usize, usize)> = triples.iter().map(|t| (t.0, t.1)).collect();
                 let stats = compare_rows(&va, &vb, &pairs, job.head_dim);
                 let nh = job.rec.n_embd as usize / job.head_dim;

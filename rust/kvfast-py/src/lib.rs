@@ -5,6 +5,7 @@ mod buf;
 mod columns;
 mod errors;
 mod model;
+mod rotation;
 mod rows;
 mod state;
 mod stream;
@@ -24,6 +25,7 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(analysis::quant_error, m)?)?;
     m.add_function(wrap_pyfunction!(analysis::quantize, m)?)?;
     m.add_function(wrap_pyfunction!(analysis::compare, m)?)?;
+    m.add_function(wrap_pyfunction!(rotation::rotation_group, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -50,12 +50,21 @@ pub fn out_type(ty: GgmlType, dtype: Dtype) -> Out {
     }
 }
 
-pub fn record_rows(sf: &StateFile, rec: &Record, cells: usize, dtype: Dtype) -> Rows {
+/// `rotation`: undo llama.cpp's rotation in groups of that many values (0: as stored); only
+/// quantized records are ever rotated, so f16 and f32 views stay views.
+pub fn record_rows(
+    sf: &StateFile,
+    rec: &Record,
+    cells: usize,
+    dtype: Dtype,
+    rotation: usize,
+) -> Rows {
     let out = out_type(rec.ty, dtype);
     let src = &sf.bytes()[rec.data_offset as usize..(rec.data_offset + rec.data_len) as usize];
     let n_embd = rec.n_embd as usize;
-    let stored = (rec.ty == GgmlType::F16 && out == Out::F16)
-        || (rec.ty == GgmlType::F32 && out == Out::F32);
+    let stored = rotation == 0
+        && ((rec.ty == GgmlType::F16 && out == Out::F16)
+            || (rec.ty == GgmlType::F32 && out == Out::F32));
     let (buf, zero_copy) = if stored && !rec.transposed {
         if src.is_empty() || (src.as_ptr() as usize) % out.size() != 0 {
             // Not aligned for the value type (or nothing to view): copy into aligned memory.
@@ -78,7 +87,14 @@ pub fn record_rows(sf: &StateFile, rec: &Record, cells: usize, dtype: Dtype) -> 
         if rec.transposed {
             decode_transposed(rec.ty, src, cells, n_embd, &mut v);
         } else {
-            decode_rows(rec.ty, src, rec.row_bytes as usize, n_embd, &mut v);
+            decode_rows(
+                rec.ty,
+                src,
+                rec.row_bytes as usize,
+                n_embd,
+                rotation,
+                &mut v,
+            );
         }
         (Buffer::from_vec(v), false)
     };

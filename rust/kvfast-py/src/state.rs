@@ -16,6 +16,8 @@ use crate::table::{batches, Selection};
 #[pyclass(frozen, module = "kvfast._kvfast")]
 pub struct State {
     inner: RwLock<Option<Arc<StateFile>>>,
+    /// Per cache, the [K, V] groups llama.cpp's rotation is undone in (0: as stored).
+    rotation: RwLock<Vec<[usize; 2]>>,
 }
 
 fn parse_dtype(dtype: Option<&str>) -> PyResult<Dtype> {
@@ -39,12 +41,28 @@ pub(crate) fn parse_kind(kind: &str) -> PyResult<&'static str> {
 }
 
 impl State {
+    /// The walked state, checked unchanged on disk since open (every pass starts here).
     pub(crate) fn get(&self) -> PyResult<Arc<StateFile>> {
-        self.inner
+        let sf = self
+            .inner
             .read()
             .expect("lock")
             .clone()
-            .ok_or_else(|| value_error("the state is closed"))
+            .ok_or_else(|| value_error("the state is closed"))?;
+        sf.check_unchanged().map_err(to_py)?;
+        Ok(sf)
+    }
+
+    /// Per cache, the [K, V] rotation groups every value pass reads in.
+    pub(crate) fn rotation_groups(&self) -> Vec<[usize; 2]> {
+        self.rotation.read().expect("lock").clone()
+    }
+
+    fn wrap(sf: StateFile) -> Self {
+        State {
+            inner: RwLock::new(Some(Arc::new(sf))),
+            rotation: RwLock::new(Vec::new()),
+        }
     }
 
     fn record<'a>(
@@ -85,14 +103,19 @@ fn type_name(t: Option<GgmlType>) -> Option<&'static str> {
 #[pymethods]
 impl State {
     #[new]
-    #[pyo3(signature = (path, cell_ext=None))]
-    fn new(py: Python<'_>, path: PathBuf, cell_ext: Option<bool>) -> PyResult<Self> {
+    #[pyo3(signature = (path, cell_ext=None, mmap=true))]
+    fn new(py: Python<'_>, path: PathBuf, cell_ext: Option<bool>, mmap: bool) -> PyResult<Self> {
+        let opts = WalkOptions { cell_ext };
         let sf = py
-            .detach(|| StateFile::open(&path, WalkOptions { cell_ext }))
+            .detach(|| {
+                if mmap {
+                    StateFile::open(&path, opts)
+                } else {
+                    StateFile::read(&path, opts)
+                }
+            })
             .map_err(to_py)?;
-        Ok(State {
-            inner: RwLock::new(Some(Arc::new(sf))),
-        })
+        Ok(State::wrap(sf))
     }
 
     /// Walk state bytes held in memory.
@@ -102,9 +125,54 @@ impl State {
         let sf = py
             .detach(|| StateFile::from_bytes(data, WalkOptions { cell_ext }))
             .map_err(to_py)?;
-        Ok(State {
-            inner: RwLock::new(Some(Arc::new(sf))),
-        })
+        Ok(State::wrap(sf))
+    }
+
+    /// Read every value in the model's basis: per cache, the [K, V] groups to undo llama.cpp's
+    /// rotation in (0: as stored). Groups must be powers of two >= 64 dividing the row.
+    fn set_rotation(&self, groups: Vec<[usize; 2]>) -> PyResult<()> {
+        let sf = self.get()?;
+        if groups.len() > sf.layout.caches.len() {
+            return Err(value_error(format!(
+                "{} rotation entries for {} caches",
+                groups.len(),
+                sf.layout.caches.len()
+            )));
+        }
+        for (ci, (g, cache)) in groups.iter().zip(&sf.layout.caches).enumerate() {
+            for (ki, &n) in g.iter().enumerate() {
+                if n == 0 {
+                    continue;
+                }
+                if n < kvfast_core::rotation::MIN_GROUP || !n.is_power_of_two() {
+                    return Err(value_error(format!(
+                        "rotation group {n} of cache {ci}: expected 0 or a power of two >= 64"
+                    )));
+                }
+                for s in &cache.streams {
+                    for (li, l) in s.layers.iter().enumerate() {
+                        let rec = if ki == 0 { Some(&l.k) } else { l.v.as_ref() };
+                        if let Some(r) = rec {
+                            if r.transposed || r.n_embd % n as u64 != 0 {
+                                return Err(value_error(format!(
+                                    "rotation group {n} does not divide the {} values of cache {ci} layer {li} {} rows",
+                                    r.n_embd,
+                                    ["k", "v"][ki]
+                                )));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        *self.rotation.write().expect("lock") = groups;
+        Ok(())
+    }
+
+    /// The rotation groups set by `set_rotation`.
+    #[getter]
+    fn rotation(&self) -> Vec<[usize; 2]> {
+        self.rotation_groups()
     }
 
     fn close(&self) {
@@ -135,6 +203,17 @@ impl State {
         d.set_item("ext_bytes", l.ext_bytes)?;
         d.set_item("features", l.features.clone())?;
         d.set_item("tokens", l.tokens.as_ref().map(|t| i32s(t)))?;
+        let (era, evidence) = kvfast_core::rotation::era(l);
+        d.set_item("era", era.name())?;
+        d.set_item("era_evidence", evidence)?;
+        if let Some(st) = &l.server_tokens {
+            let media = PyList::empty(py);
+            for m in &st.media {
+                media.append((m.start, m.offset, m.nbytes))?;
+            }
+            d.set_item("server_tokens_version", st.version)?;
+            d.set_item("media", media)?;
+        }
         let (rows, outputs, meta) = l.byte_totals();
         d.set_item("row_bytes", rows)?;
         d.set_item("output_bytes", outputs)?;
@@ -244,7 +323,9 @@ impl State {
         let dtype = parse_dtype(dtype)?;
         let rec = Self::record(&sf, cache, stream, layer, kind)?.clone();
         let cells = sf.layout.caches[cache].streams[stream].cell_count as usize;
-        let r = py.detach(|| record_rows(&sf, &rec, cells, dtype));
+        let ki = usize::from(parse_kind(kind)? == "v");
+        let rot = self.rotation_groups().get(cache).map_or(0, |g| g[ki]);
+        let r = py.detach(|| record_rows(&sf, &rec, cells, dtype, rot));
         let name = if r.out == Out::F16 {
             "float16"
         } else {
@@ -284,6 +365,7 @@ impl State {
             head_dim_v,
             model_layers,
             with_values,
+            rotation: self.rotation_groups(),
         };
         let seq_default = sf.layout.seq_id;
         let (schema, batches) = py

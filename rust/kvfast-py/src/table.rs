@@ -24,6 +24,8 @@ pub struct Selection {
     pub model_layers: Option<Vec<Vec<i32>>>,
     /// Build the values column (else only the index columns).
     pub with_values: bool,
+    /// Per cache, the [K, V] groups llama.cpp's rotation is undone in (0: values as stored).
+    pub rotation: Vec<[usize; 2]>,
 }
 
 /// One record to turn into a batch.
@@ -34,6 +36,8 @@ pub struct Job<'a> {
     pub kind: &'static str,
     pub rec: &'a Record,
     pub head_dim: usize,
+    /// Undo the rotation in groups of this many values (0: as stored).
+    pub rotation: usize,
 }
 
 fn head_dim(rec: &Record, given: Option<u64>, kind: &str, layer: u32) -> Result<usize, String> {
@@ -123,6 +127,7 @@ pub fn jobs<'a>(sf: &'a StateFile, sel: &Selection) -> Result<Vec<Job<'a>>, Stri
                             ));
                         }
                     }
+                    let ki = usize::from(*kind == "v");
                     out.push(Job {
                         cache: ci,
                         stream,
@@ -130,6 +135,7 @@ pub fn jobs<'a>(sf: &'a StateFile, sel: &Selection) -> Result<Vec<Job<'a>>, Stri
                         kind,
                         rec,
                         head_dim,
+                        rotation: sel.rotation.get(ci as usize).map_or(0, |r| r[ki]),
                     });
                 }
             }
@@ -165,9 +171,15 @@ pub fn batches(
     };
     let mut out = Vec::new();
     for job in jobs {
-        let rows = sel
-            .with_values
-            .then(|| record_rows(sf, job.rec, job.stream.cell_count as usize, dtype));
+        let rows = sel.with_values.then(|| {
+            record_rows(
+                sf,
+                job.rec,
+                job.stream.cell_count as usize,
+                dtype,
+                job.rotation,
+            )
+        });
         let model_layer = model_layer(sf, sel, job.cache, job.layer);
         out.push(batch(
             &schema,

@@ -1,0 +1,24 @@
+//! llama.cpp's rotation rule, for Python to plan with (the rule lives in kvfast-core).
+
+use kvfast_core::rotation::{k_group, v_group};
+use pyo3::prelude::*;
+
+use crate::errors::value_error;
+use crate::state::parse_kind;
+
+/// The group llama.cpp rotates `kind` rows of cache type `type_name` in, given the head size
+/// shared by every layer of the cache (None: it does not rotate them).
+#[pyfunction]
+pub fn rotation_group(
+    kind: &str,
+    type_name: &str,
+    head_dim: Option<u64>,
+) -> PyResult<Option<usize>> {
+    let ty = kvfast_core::GgmlType::from_name(type_name)
+        .ok_or_else(|| value_error(format!("unknown cache type {type_name:?}")))?;
+    Ok(if parse_kind(kind)? == "k" {
+        k_group(ty, head_dim)
+    } else {
+        v_group(ty, head_dim)
+    })
+}
