@@ -11,6 +11,7 @@ import os
 import random
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -276,6 +277,9 @@ def test_state_folder_names_are_not_partitions(tmp_path: Path) -> None:
     out = tmp_path / "out"
     kvfast.export([p, q], out)
     assert all("=" not in d.name and not d.name.startswith(("_", ".")) for d in state_dirs(out))
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert {stat.S_IMODE(d.stat().st_mode) for d in state_dirs(out)} == {0o777 & ~umask}  # not mkdtemp's 0700
     check_whole(out, rows_of([p, q]))
 
 

@@ -46,7 +46,8 @@ from kvfast.model import ModelGeometry
 
 
 class ExportError(KvfastError):
-    """A state failed and ``on_error='fail'``: ``.report`` holds what was done before the batch stopped."""
+    """A state failed and ``on_error='fail'`` (``.report`` holds what was done before the batch
+    stopped), or the output folder is not a kvfast export (``.report`` is empty)."""
 
     kind = "export"
     offset = None

@@ -18,7 +18,7 @@ of a state (files and marker) or none of it, whenever the export is stopped, eve
   starts, so leftovers are removed by the next run. Renames into and out of ``OUT``, and the sweep,
   happen under one lock, ``flock`` on the ``OUT`` directory itself, so several processes may export into the same
   ``OUT`` at once, over overlapping states; the last to publish a state wins, and each state is
-  whole. Locks are POSIX ``flock`` (local file systems; on Windows there is no locking).
+  whole. Locks are ``flock`` (POSIX systems; network file systems may not honour it).
 """
 
 from __future__ import annotations
@@ -44,15 +44,17 @@ META = "_kvfast"
 MARKER = "_kvfast.json"
 
 
-def _flock(fd: int, blocking: bool) -> bool:
-    """Lock `fd` exclusively; False when `blocking` is off and someone else holds it."""
-    if sys.platform == "win32":  # pragma: no cover - no flock on Windows
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-    except BlockingIOError:
-        return False
-    return True
+def _lock(directory: Path, blocking: bool = True) -> int | None:
+    """An open descriptor of `directory` holding an exclusive ``flock`` on it (closing it releases
+    the lock); None when `blocking` is off and another process or descriptor holds the lock."""
+    fd = os.open(directory, os.O_RDONLY)
+    if sys.platform != "win32":
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+    return fd
 
 
 @functools.cache
@@ -107,8 +109,7 @@ class Commit:
             self._sweep()
             self.root.mkdir(parents=True, exist_ok=True)
             self.run = Path(tempfile.mkdtemp(prefix="run-", dir=self.root))
-            self._run_fd = os.open(self.run, os.O_RDONLY)
-            _flock(self._run_fd, blocking=True)
+            self._run_lock = _lock(self.run)
 
     def __enter__(self) -> Self:
         return self
@@ -120,12 +121,12 @@ class Commit:
     def locked(self) -> Iterator[None]:
         """Hold the lock on `out` (against this process's other threads and other processes)."""
         with self._threads:
-            fd = os.open(self.out, os.O_RDONLY)  # the lock is on OUT itself: no lock file
+            fd = _lock(self.out)  # the lock is on OUT itself: no lock file
             try:
-                _flock(fd, blocking=True)
                 yield
             finally:
-                os.close(fd)  # closing releases the flock
+                if fd is not None:
+                    os.close(fd)
 
     def _sweep(self) -> None:
         """Remove the staging directories of runs that are gone (their lock is free)."""
@@ -135,26 +136,28 @@ class Commit:
             if not d.is_dir() or d.is_symlink():
                 continue
             try:
-                fd = os.open(d, os.O_RDONLY)
+                fd = _lock(d, blocking=False)
             except OSError:
                 continue
-            try:
-                if _flock(fd, blocking=False):
-                    shutil.rmtree(d, ignore_errors=True)
-            finally:
+            if fd is not None:  # its run is gone
+                shutil.rmtree(d, ignore_errors=True)
                 os.close(fd)
 
     def close(self) -> None:
         shutil.rmtree(self.run, ignore_errors=True)
         with self.locked():
-            os.close(self._run_fd)
+            if self._run_lock is not None:
+                os.close(self._run_lock)
             if self.root.parent != self.out / META:  # the one beside OUT goes when the last run ends
                 with contextlib.suppress(OSError):
                     self.root.rmdir()
 
     def stage(self, key: str) -> Path:
-        """A new empty directory to write one state's export into."""
-        return Path(tempfile.mkdtemp(prefix=f"{key}.", dir=self.run))
+        """A new empty directory to write one state's export into (made with the umask's mode, as
+        it is published as it is)."""
+        staged = self.run / f"{key}.{uuid.uuid4().hex}"
+        staged.mkdir()
+        return staged
 
     def published(self, key: str) -> Path:
         return self.out / key
