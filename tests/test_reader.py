@@ -73,7 +73,9 @@ def test_tokens(state_file: Path) -> None:
 def test_layers_types_and_row_sizes(state_file: Path) -> None:
     p = probe(state_file.parent)
     gemma = state_file.parent.name.startswith("gemma3")
-    n_embd = {"tiny-qwen3.gguf": 64, "tiny-qwen2vl.gguf": 32}.get(p["model"], 256)
+    n_embd = {"tiny-qwen3.gguf": 64, "tiny-qwen2vl.gguf": 32, "tiny-qwen3-hd128.gguf": 256}.get(
+        p["model"], 256
+    )
     with kvfast.open(state_file) as d:
         assert [c.n_layer for c in d.caches] == ([3, 15] if gemma else [2])
         for c in d.caches:
@@ -231,4 +233,4 @@ def test_synthetic_states_of_every_type(tmp_path: Path, container: str, ty: str)
 
 
 def test_folders_all_tested() -> None:
-    assert len(FOLDERS) == 11
+    assert len(FOLDERS) == 14
