@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo install test test-rust test-python lint fmt bench clean
+.PHONY: demo install test test-rust test-python lint fmt bench fuzz clean
 
 # Install kvfast (no extras) and print the structure of the bundled sample state.
 demo: $(PY)
@@ -45,6 +45,20 @@ bench: install
 	$(PY) benches/bench_values.py
 	$(PY) benches/bench_stats.py
 	$(PY) benches/bench_export.py
+
+# Coverage-guided fuzzing of the core under AddressSanitizer (cargo-fuzz, libFuzzer): each target
+# in turn for FUZZ_SECONDS, its corpus seeded from tests/data (fuzz/corpus, kept between runs, not
+# in git). Not part of `make test`. Needs `cargo install cargo-fuzz`; runs on stable Rust (cargo-fuzz
+# asks for nightly flags, which RUSTC_BOOTSTRAP=1 allows). A failing input lands in
+# fuzz/artifacts/<target>/: copy it to rust/kvfast-core/tests/fuzz-inputs/<target>/ for the test suite.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= open decode stats quantize compare
+fuzz:
+	python3 fuzz/seed.py
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+		RUSTC_BOOTSTRAP=1 cargo fuzz run -s address $$t corpus/$$t -- \
+			-max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) target

@@ -14,7 +14,7 @@ pub struct CellStat {
     pub min: f32,
     pub max: f32,
     pub absmax: f32,
-    /// The channel (within the head) of the absmax.
+    /// The channel (within the head) of the absmax; 0 when no value has it (NaNs only).
     pub argmax: u32,
 }
 
@@ -204,7 +204,7 @@ unsafe fn min_max_avx(x: &[f32]) -> (f32, f32) {
     (mn, mx)
 }
 
-/// Index of the first value of magnitude `target`, eight lanes at a time.
+/// Index of the first value of magnitude `target` (0 when none has it), eight lanes at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 #[inline]
@@ -221,11 +221,10 @@ unsafe fn first_abs_equal_avx(x: &[f32], target: f32) -> usize {
             return i + m.trailing_zeros() as usize;
         }
     }
-    whole
-        + x[whole..]
-            .iter()
-            .position(|v| v.abs() == target)
-            .unwrap_or(0)
+    x[whole..]
+        .iter()
+        .position(|v| v.abs() == target)
+        .map_or(0, |p| whole + p)
 }
 
 #[inline(always)]
@@ -280,7 +279,8 @@ pub fn min_max(x: &[f32]) -> (f32, f32) {
     (lo, hi)
 }
 
-/// Index of the first value whose magnitude is `target`, scanning a lane-wide chunk at a time.
+/// Index of the first value whose magnitude is `target` (0 when none has it, as in a head of
+/// NaNs), scanning a lane-wide chunk at a time.
 #[inline(always)]
 fn first_abs_equal(x: &[f32], target: f32) -> usize {
     let chunks = x.chunks_exact(LANES);
@@ -294,10 +294,10 @@ fn first_abs_equal(x: &[f32], target: f32) -> usize {
             return k * LANES + c.iter().position(|v| v.abs() == target).unwrap_or(0);
         }
     }
-    tail + x[tail..]
+    x[tail..]
         .iter()
         .position(|v| v.abs() == target)
-        .unwrap_or(0)
+        .map_or(0, |p| tail + p)
 }
 
 #[inline(always)]
