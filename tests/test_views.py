@@ -131,10 +131,11 @@ def test_addr_spells_out_the_worked_example(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_addr_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["addr", str(F16), "--layer", "9", "--cell", "0"]) == 1
+    # a selection the state does not have is a usage error: exit status 2
+    assert main(["addr", str(F16), "--layer", "9", "--cell", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "layer 9 out of range" in err
-    assert main(["addr", str(F16), "--layer", "0", "--cell", "99"]) == 1
+    assert main(["addr", str(F16), "--layer", "0", "--cell", "99"]) == 2
     assert "cell 99 out of range" in capsys.readouterr().err
 
 

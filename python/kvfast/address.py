@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvfast import select
+from kvfast.errors import SelectionError
 from kvfast.structure import Cache, Layer, Stream
 
 # bytes per block, and where a value's quant byte sits in its block (after d, m, qh)
@@ -38,22 +40,20 @@ class RecordRef:
 def record_ref(
     caches: list[Cache], cache: int, layer: int, kind: str, stream: int | None = None
 ) -> RecordRef:
-    """The record of (cache, stream, layer, kind); ``stream=None``: the first stream holding cells."""
-    if kind not in ("k", "v"):
-        raise ValueError(f"kind must be 'k' or 'v', not {kind!r}")
-    if not 0 <= cache < len(caches):
-        raise ValueError(f"no cache {cache}: the state has {len(caches)}")
+    """The record of (cache, stream, layer, kind); ``stream=None``: the first stream holding cells.
+    Raises :class:`kvfast.SelectionError` for anything out of range or not an integer."""
+    kind = select.kind(kind)
+    cache = select.index("cache", cache, len(caches), f"the state has {len(caches)} caches")
     streams = caches[cache].streams
-    if stream is not None and not 0 <= stream < len(streams):
-        raise ValueError(f"no stream {stream}: cache {cache} has {len(streams)}")
+    if stream is not None:
+        stream = select.index("stream", stream, len(streams), f"cache {cache} has {len(streams)} streams")
     s = streams[stream] if stream is not None else next((x for x in streams if x.cell_count), streams[0])
-    if not 0 <= layer < len(s.layers):
-        raise ValueError(f"layer {layer} out of range: cache {cache} has {len(s.layers)} layers")
+    layer = select.index("layer", layer, len(s.layers), f"cache {cache} has {len(s.layers)} layers")
     ly = s.layers[layer]
     if kind == "k":
         return RecordRef(s, ly, kind, ly.k_type, ly.k_offset, ly.n_embd_k, ly.k_row_bytes)
     if ly.v_type is None or ly.v_offset is None or ly.n_embd_v is None or ly.v_row_bytes is None:
-        raise ValueError(f"layer {layer} has no V record")
+        raise SelectionError(f"layer {layer} has no V record")
     return RecordRef(s, ly, kind, ly.v_type, ly.v_offset, ly.n_embd_v, ly.v_row_bytes)
 
 
@@ -67,11 +67,14 @@ class Where:
 
 
 def locate(rec: RecordRef, cell: int, head: int, elem: int, head_dim: int | None) -> Where:
-    hd = head_dim or rec.n_embd
-    if not 0 <= head < rec.n_embd // hd or not 0 <= elem < hd:
-        raise ValueError(f"head {head} / elem {elem} out of range: {rec.n_embd // hd} heads of {hd} values")
-    if not 0 <= cell < rec.stream.cell_count:
-        raise ValueError(f"cell {cell} out of range: the stream has {rec.stream.cell_count} cells")
+    """`head_dim` was checked at open (a positive integer dividing the row); None: the whole row."""
+    hd = rec.n_embd if head_dim is None else head_dim
+    if hd <= 0 or rec.n_embd % hd:
+        raise SelectionError(f"head_dim {hd} does not divide the {rec.n_embd} values per row")
+    n_heads = rec.n_embd // hd
+    head = select.index("head", head, n_heads, f"{n_heads} heads of {hd} values")
+    elem = select.index("elem", elem, hd, f"{n_heads} heads of {hd} values")
+    cell = select.index("cell", cell, rec.stream.cell_count, f"the stream has {rec.stream.cell_count} cells")
     return Where(rec, cell, head * hd + elem)
 
 
@@ -95,10 +98,14 @@ def tensor_offset(w: Where, n_ctx: int, n_stream: int) -> int:
     """Offset from the start of the layer's K (or V) tensor of shape [n_embd, n_ctx / n_stream, n_stream],
     assuming the i-th written cell is cell i of the live cache (as after one decode into a fresh context)."""
     r = w.rec
+    n_ctx = select.positive("n_ctx", n_ctx)
+    n_stream = select.positive("n_stream", n_stream)
     kv_size = n_ctx // n_stream
     stream = r.stream.index
     if not 0 <= w.cell < kv_size or not 0 <= stream < n_stream:
-        raise ValueError(f"cell {w.cell} / stream {stream} outside a cache of {n_stream} x {kv_size} cells")
+        raise SelectionError(
+            f"cell {w.cell} / stream {stream} outside a cache of {n_stream} x {kv_size} cells"
+        )
     if r.transposed:
         el = _FLOAT[r.type]
         return stream * kv_size * r.n_embd * el + (w.index * kv_size + w.cell) * el

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import polars as pl
 
 from kvfast import _kvfast
+from kvfast import select as checks
 from kvfast.errors import KvfastError
 
 if TYPE_CHECKING:
@@ -35,13 +36,15 @@ def select(
     layers: Sequence[int] | None,
     kinds: Sequence[str] | str | None,
     caches: Sequence[int] | None = None,
+    skip_first: int = 0,
 ) -> dict[str, Any]:
-    if isinstance(kinds, str):
-        kinds = [kinds]
+    """The selection for Rust, checked (kvfast.SelectionError for anything out of range)."""
+    checks.non_negative("skip_first", skip_first)
+    sel = checks.selection(dump.caches, layers=layers, kinds=kinds, caches=caches)
     return {
-        "caches": None if caches is None else list(caches),
-        "layers": None if layers is None else list(layers),
-        "kinds": None if kinds is None else list(kinds),
+        "caches": sel.caches,
+        "layers": sel.layers,
+        "kinds": sel.kinds,
         "head_dim_k": dump.head_dim_k,
         "head_dim_v": dump.head_dim_v,
         "model_layers": dump._model_layers,
@@ -56,7 +59,7 @@ def stats(
     skip_first: int = 0,
 ) -> pl.DataFrame:
     state = dump._live()
-    sel = select(dump, layers, kinds)
+    sel = select(dump, layers, kinds, skip_first=skip_first)
     if by == "cell":
         return pl.DataFrame(_kvfast.cell_stats(state, sel, skip_first))
     if by not in ("channel", "head", "layer"):
@@ -80,7 +83,8 @@ def quant_error(
     kinds: Sequence[str] | str | None = None,
     skip_first: int = 0,
 ) -> pl.DataFrame:
-    df = pl.DataFrame(_kvfast.quant_error(dump._live(), type, select(dump, layers, kinds), skip_first))
+    sel = select(dump, layers, kinds, skip_first=skip_first)
+    df = pl.DataFrame(_kvfast.quant_error(dump._live(), type, sel, skip_first))
     if by == "head":
         return df
     if by != "layer":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +13,7 @@ import polars as pl
 
 import kvfast
 from kvfast import cli_views
+from kvfast.cli_args import BROKEN_PIPE, USAGE, non_negative_int
 from kvfast.dump import Dump
 
 
@@ -61,6 +63,8 @@ def _describe(dump: Dump) -> dict[str, Any]:
         "row_bytes": dump.row_bytes,
         "output_bytes": dump.output_bytes,
         "meta_bytes": dump.meta_bytes,
+        "head_dim_k": dump.head_dim_k,
+        "head_dim_v": dump.head_dim_v,
         "caches": caches,
     }
 
@@ -74,6 +78,8 @@ def _print_info(d: dict[str, Any]) -> None:
             print(f"  {key:<10} {d[key]}")
     if d["cell_ext"]:
         print("  cells carry the M-RoPE extension")
+    if d["head_dim_k"] is not None:
+        print(f"  head_dim   K {d['head_dim_k']}, V {d['head_dim_v']}")
     print(
         f"  bytes      {d['size']:,} = rows {d['row_bytes']:,} + outputs {d['output_bytes']:,}"
         f" + metadata {d['meta_bytes']:,}"
@@ -102,7 +108,7 @@ def _print_info(d: dict[str, Any]) -> None:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     path = args.path or kvfast.sample_path()
-    with kvfast.open(path) as dump:
+    with cli_views.open_state(path, args) as dump:
         d = _describe(dump)
     if args.json:
         print(json.dumps(d, indent=1))
@@ -207,7 +213,9 @@ def _states(p: argparse.ArgumentParser) -> None:
 
 
 def _table_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layers", type=int, nargs="+", help="only these layers (index within the cache)")
+    p.add_argument(
+        "--layers", type=non_negative_int, nargs="+", help="only these layers (index within the cache)"
+    )
     p.add_argument("--kinds", nargs="+", choices=["k", "v"], help="only K or V")
     cli_views.geometry_options(p)
     p.add_argument("-o", "--output", help="write Parquet here instead of printing")
@@ -227,6 +235,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     info.add_argument("path", nargs="?", help="a state file (default: the bundled sample)")
     info.add_argument("--json", action="store_true", help="print JSON")
+    cli_views.geometry_options(info)
     info.set_defaults(run=_cmd_info)
 
     stats = sub.add_parser(
@@ -237,7 +246,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     stats.add_argument("path", help="a state file")
     stats.add_argument("--by", choices=["cell", "channel", "head", "layer"], default="layer")
-    stats.add_argument("--skip-first", type=int, default=0, help="leave out positions < N (attention sinks)")
+    stats.add_argument(
+        "--skip-first", type=non_negative_int, default=0, help="leave out positions < N (attention sinks)"
+    )
     _table_options(stats)
     stats.set_defaults(run=_cmd_stats)
 
@@ -311,10 +322,28 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _quiet_stdout() -> None:
+    """The reader of stdout went away: send what is still buffered nowhere, without a message."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (see :mod:`kvfast.cli_args`)."""
     args = _parser().parse_args(argv)
     try:
-        return int(args.run(args))
+        code = int(args.run(args))
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        _quiet_stdout()
+        return BROKEN_PIPE
+    except kvfast.SelectionError as e:
+        print(f"kvfast {args.command}: error: {e}", file=sys.stderr)
+        return USAGE
     except (kvfast.KvfastError, OSError, ValueError, ImportError, RuntimeError) as e:
         print(f"kvfast: error: {e}", file=sys.stderr)
         return 1

@@ -8,11 +8,12 @@ from typing import Any
 
 import kvfast
 from kvfast import views
+from kvfast.cli_args import non_negative_int, positive_int
 
 
 def geometry_options(p: argparse.ArgumentParser) -> None:
     """--head-dim and --model, for every command that splits rows into heads."""
-    p.add_argument("--head-dim", type=int, help="values per head (default: one head spans the row)")
+    p.add_argument("--head-dim", type=positive_int, help="values per head (default: one head spans the row)")
     p.add_argument("--model", help="a GGUF model: head sizes and the model's layer order")
 
 
@@ -94,11 +95,11 @@ def register(sub: Any) -> None:
         epilog="example: kvfast show slot0.bin --layer 3 --kind k --cells 2 --head 1 --head-dim 128",
     )
     show.add_argument("path")
-    show.add_argument("--layer", type=int, required=True, help="layer index within the cache")
+    show.add_argument("--layer", type=non_negative_int, required=True, help="layer index within the cache")
     show.add_argument("--kind", choices=["k", "v"], default="k")
-    show.add_argument("--cells", type=int, default=3, help="how many cells (default 3)")
-    show.add_argument("--head", type=int, help="only this head's values")
-    show.add_argument("--cache", type=int, default=0)
+    show.add_argument("--cells", type=positive_int, default=3, help="how many cells (default 3)")
+    show.add_argument("--head", type=non_negative_int, help="only this head's values")
+    show.add_argument("--cache", type=non_negative_int, default=0)
     show.add_argument("--json", action="store_true", help="print JSON")
     geometry_options(show)
     show.set_defaults(run=_cmd_show)
@@ -111,15 +112,15 @@ def register(sub: Any) -> None:
         epilog="example: kvfast addr slot0.bin --layer 5 --cell 37 --head 3 --elem 10 --head-dim 128 --ctx 4096",
     )
     addr.add_argument("path")
-    addr.add_argument("--layer", type=int, required=True)
-    addr.add_argument("--cell", type=int, required=True)
-    addr.add_argument("--head", type=int, default=0)
-    addr.add_argument("--elem", type=int, default=0)
+    addr.add_argument("--layer", type=non_negative_int, required=True)
+    addr.add_argument("--cell", type=non_negative_int, required=True)
+    addr.add_argument("--head", type=non_negative_int, default=0)
+    addr.add_argument("--elem", type=non_negative_int, default=0)
     addr.add_argument("--kind", choices=["k", "v"], default="k")
-    addr.add_argument("--cache", type=int, default=0)
-    addr.add_argument("--ctx", type=int, help="context size of the live cache (n_ctx)")
+    addr.add_argument("--cache", type=non_negative_int, default=0)
+    addr.add_argument("--ctx", type=positive_int, help="context size of the live cache (n_ctx)")
     addr.add_argument(
-        "--streams", type=int, default=1, help="streams of the live cache (non-unified: n_seq_max)"
+        "--streams", type=positive_int, default=1, help="streams of the live cache (non-unified: n_seq_max)"
     )
     addr.add_argument("--json", action="store_true", help="print JSON")
     geometry_options(addr)
@@ -137,13 +138,13 @@ def register(sub: Any) -> None:
     plot.add_argument("what", choices=["layout", "heatmap", "stats", "diff"])
     plot.add_argument("paths", nargs="+", help="the state (two for diff)")
     plot.add_argument("-o", "--output", required=True, help="the PNG to write")
-    plot.add_argument("--layer", type=int, help="heatmap: layer index within the cache")
+    plot.add_argument("--layer", type=non_negative_int, help="heatmap: layer index within the cache")
     plot.add_argument("--kind", choices=["k", "v"], default="k")
-    plot.add_argument("--cache", type=int, default=0)
+    plot.add_argument("--cache", type=non_negative_int, default=0)
     plot.add_argument("--per-head", action="store_true", help="heatmap: one panel per head")
     plot.add_argument(
         "--outlier", type=float, default=4.0, help="stats: outlier channel threshold (x median)"
     )
-    plot.add_argument("--dpi", type=int, default=100)
+    plot.add_argument("--dpi", type=positive_int, default=100)
     geometry_options(plot)
     plot.set_defaults(run=_cmd_plot)

@@ -2,11 +2,13 @@
 
 Every error about the bytes of a state is a :class:`KvfastError` with ``offset`` (the byte offset it
 names), ``field`` (the field being read) and ``kind`` (a stable machine-readable name). OS errors
-(a missing file, no permission) stay ``OSError`` and its subclasses.
+(a missing file, no permission, a path that is not a regular file) stay ``OSError`` and its
+subclasses, with ``filename`` set to the path.
 """
 
 from kvfast._kvfast import (
     AmbiguousError,
+    FileChangedError,
     FormatError,
     KvfastError,
     TruncatedError,
@@ -23,9 +25,20 @@ class ClosedError(KvfastError, ValueError):
 
 
 class ModelMismatchError(KvfastError, ValueError):
-    """The model given does not fit the state (head sizes, layer counts)."""
+    """The model given does not fit the state (head sizes, layer counts), or its metadata is not
+    what a model's is (a key of the wrong type or out of range: ``field`` names the key)."""
 
     kind = "model_mismatch"
+    offset = None
+    field: str | None = None
+
+
+class SelectionError(KvfastError, ValueError):
+    """A selection or geometry argument the state does not have or that makes no sense: a layer,
+    head, cell, cache or stream out of range or not an integer, a head repeated, a kind other than
+    'k'/'v', a head_dim that is not a positive integer dividing every row."""
+
+    kind = "selection"
     offset = None
     field = None
 
@@ -33,9 +46,11 @@ class ModelMismatchError(KvfastError, ValueError):
 __all__ = [
     "AmbiguousError",
     "ClosedError",
+    "FileChangedError",
     "FormatError",
     "KvfastError",
     "ModelMismatchError",
+    "SelectionError",
     "TruncatedError",
     "UnsupportedVersionError",
 ]

@@ -9,6 +9,11 @@ from typing import Any
 from kvfast import _kvfast
 from kvfast.errors import ModelMismatchError
 
+#: More layers than any model has (kvfast-core's bound on a cache's n_layer): bounds block_count.
+MAX_LAYERS = 4096
+#: More values per row than any model has (kvfast-core's bound): bounds head sizes and counts.
+MAX_VALUES = 1 << 24
+
 # llama.cpp's hard-coded sliding-window patterns (llama_hparams::set_swa_pattern(n)): layer il uses
 # the sliding window when il % n < n - 1, i.e. every n-th layer is full attention.
 _SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "cohere2": 4, "gpt-oss": 2, "exaone4": 4}
@@ -27,29 +32,43 @@ class ModelGeometry:
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike[str]) -> ModelGeometry:
+        """Read the geometry from a GGUF header. Metadata of the wrong type or out of range raises
+        :class:`kvfast.ModelMismatchError` naming the key (``.field``); the GGUF reader bounds every
+        count by the bytes present, and ``block_count`` is bounded by :data:`MAX_LAYERS`."""
         meta = _kvfast.gguf_metadata(os.fspath(path))
-        arch = str(meta.get("general.architecture", ""))
+        where = os.fspath(path)
+        arch = meta.get("general.architecture")
+        if not isinstance(arch, str) or not arch:
+            raise _bad(where, "general.architecture", arch, "an architecture name (a model GGUF)")
 
-        def key(name: str, default: Any = None) -> Any:
-            return meta.get(f"{arch}.{name}", default)
+        def key(name: str) -> tuple[str, Any]:
+            return f"{arch}.{name}", meta.get(f"{arch}.{name}")
 
-        n_layer = int(key("block_count", 0))
-        if not arch or n_layer <= 0:
-            raise ValueError(f"{path}: not a model GGUF (no general.architecture / block_count)")
-        n_head = key("attention.head_count")
-        n_head_kv = key("attention.head_count_kv", n_head)
-        heads_kv = _per_layer(n_head_kv, n_layer, f"{arch}.attention.head_count_kv")
-        n_head0 = _per_layer(n_head, n_layer, f"{arch}.attention.head_count")[0] if n_head else 0
-        emb = int(key("embedding_length", 0))
-        head_dim_k = int(key("attention.key_length", emb // n_head0 if n_head0 else 0))
-        head_dim_v = int(key("attention.value_length", head_dim_k))
-        if head_dim_k <= 0 or head_dim_v <= 0:
-            raise ValueError(f"{path}: no head size ({arch}.attention.key_length)")
-        pattern = key("attention.sliding_window_pattern")
+        name, v = key("block_count")
+        n_layer = _count(where, name, v, 1, MAX_LAYERS)
+        name_h, n_head = key("attention.head_count")
+        name_kv, n_head_kv = key("attention.head_count_kv")
+        if n_head_kv is None:
+            name_kv, n_head_kv = name_h, n_head
+        heads_kv = _per_layer(where, name_kv, n_head_kv, n_layer)
+        n_head0 = _per_layer(where, name_h, n_head, n_layer)[0] if n_head is not None else 0
+        name, v = key("embedding_length")
+        emb = 0 if v is None else _count(where, name, v, 0, MAX_VALUES)
+        name_k, v = key("attention.key_length")
+        if v is None:
+            if not n_head0 or not emb:
+                raise _bad(where, name_k, v, "the head size (or embedding_length and head_count)")
+            v = emb // n_head0
+        head_dim_k = _count(where, name_k, v, 1, MAX_VALUES)
+        name, v = key("attention.value_length")
+        head_dim_v = head_dim_k if v is None else _count(where, name, v, 1, MAX_VALUES)
+        name, pattern = key("attention.sliding_window_pattern")
         if isinstance(pattern, list):
-            swa = tuple(bool(x) for x in _per_layer(pattern, n_layer, "sliding_window_pattern"))
+            if len(pattern) != n_layer:
+                raise _length(where, name, pattern, n_layer)
+            swa = tuple(_flag(where, f"{name}[{il}]", x) for il, x in enumerate(pattern))
         else:
-            n = int(pattern) if isinstance(pattern, int) else _SWA_PATTERN.get(arch, 0)
+            n = _SWA_PATTERN.get(arch, 0) if pattern is None else _count(where, name, pattern, 0, MAX_LAYERS)
             swa = tuple(n > 1 and il % n < n - 1 for il in range(n_layer))
         return cls(arch, n_layer, head_dim_k, head_dim_v, tuple(heads_kv), swa)
 
@@ -73,9 +92,39 @@ class ModelGeometry:
         )
 
 
-def _per_layer(v: Any, n_layer: int, name: str) -> list[int]:
-    if isinstance(v, list):
-        if len(v) != n_layer:
-            raise ValueError(f"{name} has {len(v)} entries for {n_layer} layers")
-        return [int(x) for x in v]
-    return [int(v)] * n_layer
+def _err(path: str, key: str, message: str) -> ModelMismatchError:
+    err = ModelMismatchError(f"{path}: {key} {message}")
+    err.field = key
+    return err
+
+
+def _bad(path: str, key: str, value: Any, what: str) -> ModelMismatchError:
+    return _err(path, key, f"must be {what}, found {value!r} ({type(value).__name__})")
+
+
+def _length(path: str, key: str, value: list[Any], n_layer: int) -> ModelMismatchError:
+    return _err(path, key, f"has {len(value)} entries for {n_layer} layers")
+
+
+def _count(path: str, key: str, value: Any, lo: int, hi: int) -> int:
+    """An integer of the GGUF header in ``lo..hi`` (a bool, a float or a string is refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(path, key, value, f"an integer from {lo} to {hi:,}")
+    if not lo <= value <= hi:
+        raise _bad(path, key, value, f"an integer from {lo} to {hi:,}")
+    return value
+
+
+def _flag(path: str, key: str, value: Any) -> bool:
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise _bad(path, key, value, "a bool (or 0 / 1)")
+
+
+def _per_layer(path: str, key: str, value: Any, n_layer: int, hi: int = MAX_VALUES) -> list[int]:
+    """A per-layer count: one integer for every layer, or a list of n_layer of them."""
+    if isinstance(value, list):
+        if len(value) != n_layer:
+            raise _length(path, key, value, n_layer)
+        return [_count(path, f"{key}[{il}]", x, 0, hi) for il, x in enumerate(value)]
+    return [_count(path, key, value, 0, hi)] * n_layer

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from kvfast import select
 from kvfast.address import _FLOAT, _QUANT, file_offset, record_ref, tensor_offset, value_byte
 from kvfast.dump import Dump
 
@@ -17,11 +18,13 @@ def rows(
 ) -> list[dict[str, Any]]:
     """The first `cells` rows of a record (or one head of them): file offset, bytes, values."""
     rec = record_ref(d.caches, cache, layer, kind)
+    kind = rec.kind
     s, ty, off, n, rb = rec.stream, rec.type, rec.offset, rec.n_embd, rec.row_bytes
     hd = (d.head_dim_k if kind == "k" else d.head_dim_v) or n
+    cells = select.non_negative("cells", cells)
+    if head is not None:
+        head = select.index("head", head, n // hd, f"{n // hd} heads of {hd} values")
     lo, hi = (0, n) if head is None else (head * hd, (head + 1) * hd)
-    if head is not None and not 0 <= head < n // hd:
-        raise ValueError(f"head {head} out of range: {n // hd} heads of {hd} values")
     values = d.values(layer, kind, cache=cache, stream=s.index, dtype="float32")
     with open(d.path, "rb") as f:
         out = []

@@ -36,6 +36,24 @@ pub enum Error {
         offset: u64,
         readings: Vec<String>,
     },
+    /// An I/O error opening or reading a file, with its path.
+    #[error("{}: {source}", .path.display())]
+    File {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// The path names something that is not a regular file (a FIFO, a socket, a device).
+    #[error("{}: {what}, not a regular file (kvfast reads state and model files)", .path.display())]
+    NotAFile {
+        path: std::path::PathBuf,
+        what: &'static str,
+    },
+    /// The file changed after it was opened: its mapped bytes are no longer the ones walked.
+    #[error("{} changed since it was opened: {what}; open it again", .path.display())]
+    Changed {
+        path: std::path::PathBuf,
+        what: String,
+    },
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -62,7 +80,9 @@ impl Error {
             | Error::Format { offset, .. }
             | Error::UnsupportedVersion { offset, .. }
             | Error::Ambiguous { offset, .. } => Some(*offset),
-            Error::Io(_) => None,
+            Error::Io(_) | Error::File { .. } | Error::NotAFile { .. } | Error::Changed { .. } => {
+                None
+            }
         }
     }
 
@@ -73,7 +93,9 @@ impl Error {
             | Error::Format { field, .. }
             | Error::Ambiguous { field, .. } => Some(field),
             Error::UnsupportedVersion { .. } => Some("version"),
-            Error::Io(_) => None,
+            Error::Io(_) | Error::File { .. } | Error::NotAFile { .. } | Error::Changed { .. } => {
+                None
+            }
         }
     }
 
@@ -84,7 +106,9 @@ impl Error {
             Error::Format { .. } => "format",
             Error::UnsupportedVersion { .. } => "unsupported_version",
             Error::Ambiguous { .. } => "ambiguous",
-            Error::Io(_) => "io",
+            Error::Io(_) | Error::File { .. } => "io",
+            Error::NotAFile { .. } => "not_a_file",
+            Error::Changed { .. } => "changed",
         }
     }
 

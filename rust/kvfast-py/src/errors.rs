@@ -2,7 +2,9 @@
 
 use kvfast_core::Error;
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use std::path::Path;
+
+use pyo3::exceptions::{PyException, PyOSError};
 use pyo3::prelude::*;
 
 create_exception!(
@@ -35,8 +37,46 @@ create_exception!(
     KvfastError,
     "A container version kvfast does not read."
 );
+create_exception!(
+    _kvfast,
+    FileChangedError,
+    KvfastError,
+    "The mapped state file changed (size, modification time or inode) after it was opened."
+);
 
-/// Convert a core error; I/O errors stay `OSError` (and its subclasses).
+/// An `OSError` of the right subclass (FileNotFoundError, PermissionError, ...) with `errno`,
+/// `strerror` and `filename` set, as Python's own `open` raises it.
+fn os_error(path: &Path, errno: i32, strerror: String) -> PyErr {
+    PyOSError::new_err((errno, strerror, path.as_os_str().to_os_string()))
+}
+
+fn io_error(path: &Path, e: &std::io::Error) -> PyErr {
+    use std::io::ErrorKind as K;
+    if let Some(code) = e.raw_os_error() {
+        let text = e.to_string();
+        let suffix = format!(" (os error {code})");
+        let strerror = text.strip_suffix(&suffix).unwrap_or(&text).to_string();
+        return os_error(path, code, strerror);
+    }
+    let code = match e.kind() {
+        K::NotFound => libc_errno::ENOENT,
+        K::PermissionDenied => libc_errno::EACCES,
+        K::IsADirectory => libc_errno::EISDIR,
+        _ => libc_errno::EIO,
+    };
+    os_error(path, code, e.to_string())
+}
+
+/// The errno values Python maps to OSError subclasses (the same on every Unix kvfast builds for).
+mod libc_errno {
+    pub const ENOENT: i32 = 2;
+    pub const EIO: i32 = 5;
+    pub const EACCES: i32 = 13;
+    pub const EISDIR: i32 = 21;
+    pub const EINVAL: i32 = 22;
+}
+
+/// Convert a core error; I/O errors stay `OSError` (and its subclasses), with the path.
 pub fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
     let err = match &e {
@@ -44,6 +84,15 @@ pub fn to_py(e: Error) -> PyErr {
             let Error::Io(io) = e else { unreachable!() };
             return PyErr::from(io);
         }
+        Error::File { path, source } => return io_error(path, source),
+        Error::NotAFile { path, what } => {
+            return os_error(
+                path,
+                libc_errno::EINVAL,
+                format!("{what}, not a regular file (kvfast reads state and model files)"),
+            )
+        }
+        Error::Changed { .. } => FileChangedError::new_err(msg),
         Error::Truncated { .. } => TruncatedError::new_err(msg),
         Error::Format { .. } => FormatError::new_err(msg),
         Error::Ambiguous { .. } => AmbiguousError::new_err(msg),
@@ -54,6 +103,9 @@ pub fn to_py(e: Error) -> PyErr {
         let _ = v.setattr("offset", e.offset());
         let _ = v.setattr("field", e.field());
         let _ = v.setattr("kind", e.kind());
+        if let Error::Changed { path, .. } = &e {
+            let _ = v.setattr("filename", path.as_os_str());
+        }
     });
     err
 }
@@ -73,5 +125,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "UnsupportedVersionError",
         py.get_type::<UnsupportedVersionError>(),
     )?;
+    m.add("FileChangedError", py.get_type::<FileChangedError>())?;
     Ok(())
 }

@@ -1,0 +1,34 @@
+"""Argument types and exit codes of the command line.
+
+Exit codes: 0 success; 1 an error with the files (a state or model kvfast cannot read, or that
+does not fit); 2 a usage error (an option argparse refuses, a value out of range, or a selection
+the state does not have: :class:`kvfast.SelectionError`), reported as argparse reports its own;
+141 (128 + SIGPIPE) when the reader of the output went away (``kvfast ... | head``), quietly.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+USAGE = 2
+BROKEN_PIPE = 141
+
+
+def _int(text: str, lo: int, what: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < lo:
+        raise argparse.ArgumentTypeError(f"{v} is not {what}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    return _int(text, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0 (an index)."""
+    return _int(text, 0, "an index (0 or more)")

@@ -1,0 +1,154 @@
+"""One rule for what callers select: every index an integer in range, no head twice, head_dim a
+positive integer dividing every row. Anything else raises :class:`kvfast.SelectionError` (a
+``ValueError``), the same from every entry point: tables, statistics, addresses, values, the CLI.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvfast.errors import SelectionError
+from kvfast.structure import Cache, Layer
+
+KINDS = ("k", "v")
+
+
+def integer(name: str, value: Any) -> int:
+    """`value` as an int: an int or anything with ``__index__`` (NumPy integers), never a bool."""
+    if isinstance(value, bool):
+        raise SelectionError(f"{name} must be an integer, not {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise SelectionError(f"{name} must be an integer, not {value!r}") from None
+
+
+def index(name: str, value: Any, n: int, where: str) -> int:
+    """An integer in ``0 .. n-1``; `where` says what holds the n."""
+    i = integer(name, value)
+    if not 0 <= i < n:
+        raise SelectionError(f"{name} {i} out of range: {where}")
+    return i
+
+
+def positive(name: str, value: Any) -> int:
+    i = integer(name, value)
+    if i <= 0:
+        raise SelectionError(f"{name} must be a positive integer, not {i}")
+    return i
+
+
+def non_negative(name: str, value: Any) -> int:
+    i = integer(name, value)
+    if i < 0:
+        raise SelectionError(f"{name} must be 0 or more, not {i}")
+    return i
+
+
+def head_dim(value: Any) -> int | None:
+    """``head_dim`` as given to open: None (one head spans the row) or a positive integer."""
+    return None if value is None else positive("head_dim", value)
+
+
+def kind(value: Any) -> str:
+    if not isinstance(value, str) or value.lower() not in KINDS:
+        raise SelectionError(f"kind must be 'k' or 'v', not {value!r}")
+    return value.lower()
+
+
+def record(layer: Layer, k: str) -> tuple[str, int | None]:
+    """(type, values per row) of one kind of a layer (type 'none' and None when it has no V)."""
+    if k == "k":
+        return layer.k_type, layer.n_embd_k
+    return layer.v_type or "none", layer.n_embd_v
+
+
+def check_rows(caches: list[Cache], head_dim_k: int | None, head_dim_v: int | None) -> None:
+    """Every K row splits into whole heads of `head_dim_k` values, every V row of `head_dim_v`."""
+    for c in caches:
+        for s in c.streams:
+            for ly in s.layers:
+                for k, hd in (("k", head_dim_k), ("v", head_dim_v)):
+                    n = record(ly, k)[1]
+                    if hd is not None and n is not None and n % hd:
+                        raise SelectionError(
+                            f"head_dim {hd} does not divide the {n} values per {k.upper()} row of"
+                            f" cache {c.index} layer {ly.index}"
+                        )
+
+
+def _unique(name: str, values: Iterable[Any]) -> list[Any]:
+    out: list[Any] = []
+    for v in values:
+        if v in out:
+            raise SelectionError(f"{name} lists {v!r} twice")
+        out.append(v)
+    return out
+
+
+def _listed(name: str, values: Any) -> list[Any]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise SelectionError(f"{name} must be a list of integers, not {values!r}")
+    return list(values)
+
+
+@dataclass(frozen=True)
+class Selection:
+    caches: list[int] | None
+    layers: list[int] | None
+    kinds: list[str] | None
+    heads: list[int] | None
+
+
+def selection(
+    caches_of: list[Cache],
+    *,
+    layers: Sequence[int] | None = None,
+    kinds: Sequence[str] | str | None = None,
+    heads: Sequence[int] | None = None,
+    caches: Sequence[int] | None = None,
+    head_dims: tuple[int | None, int | None] = (None, None),
+) -> Selection:
+    """Check a table's selection against the state: caches and layers that exist (a layer in at
+    least one selected cache), kinds 'k'/'v', heads that every selected record has; none twice."""
+    cs = None
+    if caches is not None:
+        n = len(caches_of)
+        cs = _unique(
+            "caches", [index("cache", c, n, f"the state has {n} caches") for c in _listed("caches", caches)]
+        )
+    chosen = [c for c in caches_of if cs is None or c.index in cs]
+    ls = None
+    if layers is not None:
+        n = max((c.n_layer for c in chosen), default=0)
+        where = f"the selected caches have {[c.n_layer for c in chosen]} layers"
+        ls = _unique("layers", [index("layer", x, n, where) for x in _listed("layers", layers)])
+    ks = None
+    if kinds is not None:
+        ks = _unique(
+            "kinds", [kind(k) for k in ([kinds] if isinstance(kinds, str) else _listed("kinds", kinds))]
+        )
+    hs = None
+    if heads is not None:
+        hs = _unique("heads", [non_negative("head", h) for h in _listed("heads", heads)])
+        for c in chosen:
+            for s in c.streams:
+                for ly in s.layers:
+                    if ls is not None and ly.index not in ls:
+                        continue
+                    for k in ks or KINDS:
+                        n_embd = record(ly, k)[1]
+                        if n_embd is None:
+                            continue
+                        hd = (head_dims[0] if k == "k" else head_dims[1]) or n_embd
+                        n_heads = n_embd // hd
+                        for h in hs:
+                            if h >= n_heads:
+                                raise SelectionError(
+                                    f"head {h} out of range: cache {c.index} layer {ly.index} {k.upper()}"
+                                    f" has {n_heads} heads of {hd} values"
+                                )
+    return Selection(cs, ls, ks, hs)
