@@ -36,7 +36,9 @@ MODEL = DATA / "models/tiny-qwen3.gguf"
 def _run(code: str, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run Python code in a child: a hang fails the test through the timeout, a crash through the
     return code, and neither takes pytest down."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, **kw)
+    return subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=timeout, **kw
+    )
 
 
 # -- S1, S2: corrupt states that used to parse with another meaning --------------------------------
@@ -172,6 +174,7 @@ except PermissionError as e:
     assert r.stdout.split() == [str(errno.EACCES), str(p)]
     r = subprocess.run(
         [sys.executable, "-m", "kvfast", "info", str(p)],
+        check=False,
         capture_output=True,
         text=True,
         preexec_fn=_drop_dac_override if os.geteuid() == 0 else None,
@@ -244,7 +247,9 @@ def test_g1_counts_in_the_header_are_bounded_by_the_file(tmp_path: Path) -> None
         ("qwen3.attention.value_length", (-32, _T.INT32)),
     ],
 )
-def test_g2_metadata_of_the_wrong_type_names_the_key(tmp_path: Path, key: str, value: tuple[Any, Any]) -> None:
+def test_g2_metadata_of_the_wrong_type_names_the_key(
+    tmp_path: Path, key: str, value: tuple[Any, Any]
+) -> None:
     p = _model(tmp_path, **{key.replace(".", "__"): value})
     with pytest.raises(kvfast.ModelMismatchError) as e:
         ModelGeometry.from_gguf(p)
@@ -360,7 +365,15 @@ def test_cli_info_takes_head_dim_and_model(capsys: pytest.CaptureFixture[str]) -
 def test_cli_exits_quietly_when_the_reader_goes_away() -> None:
     # more output than a pipe holds, so the writer is still writing when the reader closes
     p = subprocess.Popen(
-        [sys.executable, "-m", "kvfast", "stats", str(DATA / "gemma3-270m-f16-fa/state.bin"), "--by", "channel"]
+        [
+            sys.executable,
+            "-m",
+            "kvfast",
+            "stats",
+            str(DATA / "gemma3-270m-f16-fa/state.bin"),
+            "--by",
+            "channel",
+        ]
         + ["--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -433,5 +446,17 @@ def test_mmap_false_reads_a_copy_immune_to_changes(tmp_path: Path) -> None:
     assert d.stats(by="layer").height == 4
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    r = _run(f"import kvfast\ntry:\n    kvfast.open({str(fifo)!r}, mmap=False)\nexcept OSError as e:\n    print(e.errno)")
+    r = _run(
+        f"import kvfast\ntry:\n    kvfast.open({str(fifo)!r}, mmap=False)\nexcept OSError as e:\n    print(e.errno)"
+    )
     assert r.stdout.strip() == str(errno.EINVAL)
+
+
+def test_n1_a_fifo_as_the_probe_manifest_beside_a_state_is_ignored(tmp_path: Path) -> None:
+    from kvfast.probe import MANIFEST
+
+    shutil.copy(SEQ, tmp_path / "s.bin")
+    os.mkfifo(tmp_path / MANIFEST)
+    r = _run(f"import kvfast\nprint(kvfast.open({str(tmp_path / 's.bin')!r}).size)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(SEQ.stat().st_size)

@@ -445,7 +445,7 @@ def geometry_for(path: str | os.PathLike[str]) -> tuple[ModelGeometry, list[str]
     """The model geometry and token pieces recorded for a state by a probe manifest beside it."""
     p = Path(path)
     man = p.parent / MANIFEST
-    if not man.exists():
+    if not man.is_file():  # a FIFO of that name would block the reader
         return None
     try:
         df = pl.read_parquet(man)
