@@ -7,7 +7,9 @@ DATA = Path(__file__).parent / "data"
 # Folders written through the C API (probe.json lists their sequences); llama-server's slot saves
 # (gemma3-270m-server) have tests of their own.
 FOLDERS = sorted(
-    p for p in DATA.iterdir() if (p / "probe.json").exists() and "seqs" in json.loads((p / "probe.json").read_text())
+    p
+    for p in DATA.iterdir()
+    if (p / "probe.json").exists() and "seqs" in json.loads((p / "probe.json").read_text())
 )
 STATE_FILES = sorted(f for d in FOLDERS for f in d.iterdir() if f.suffix in (".bin", ".ggsq", ".ggsn"))
 

@@ -24,6 +24,7 @@ from kvfast.errors import (
 )
 from kvfast.export import ExportError, export
 from kvfast.model import ModelGeometry
+from kvfast.rotation import Rotation, RotationError, RotationWarning
 from kvfast.structure import Cache, Layer, Stream
 
 
@@ -45,6 +46,9 @@ __all__ = [
     "MatchError",
     "ModelGeometry",
     "ModelMismatchError",
+    "Rotation",
+    "RotationError",
+    "RotationWarning",
     "SelectionError",
     "Stream",
     "TruncatedError",

@@ -19,6 +19,7 @@ __all__ = [
     "cell_stats",
     "compare",
     "gguf_metadata",
+    "gguf_vocab",
     "quant_error",
     "quantize",
     "rotation_group",
@@ -69,7 +70,7 @@ class State:
     def caches(self) -> list[dict[str, Any]]: ...
     def regions(self) -> dict[str, list[Any]]: ...
     def rows(
-        self, cache: int, stream: int, layer: int, kind: str, dtype: str | None = None
+        self, cache: int, stream: int, layer: int, kind: str, dtype: str | None = None, stored: bool = False
     ) -> tuple[Buf, str, int, int, bool]: ...
     def table(
         self,
@@ -85,6 +86,7 @@ class State:
     ) -> ArrowStream: ...
 
 def gguf_metadata(path: str | PathLike[str]) -> dict[str, Any]: ...
+def gguf_vocab(path: str | PathLike[str]) -> list[str] | None: ...
 def cell_stats(state: State, sel: dict[str, Any], skip_first: int) -> ArrowStream: ...
 def aggregate_stats(
     state: State, sel: dict[str, Any], skip_first: int

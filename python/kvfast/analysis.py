@@ -7,6 +7,7 @@ Standard deviations are population ones (ddof = 0); sums are accumulated in floa
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -15,6 +16,7 @@ import polars as pl
 from kvfast import _kvfast
 from kvfast import select as checks
 from kvfast.errors import KvfastError
+from kvfast.rotation import RotationWarning
 
 if TYPE_CHECKING:
     from kvfast.dump import Dump
@@ -82,9 +84,14 @@ def quant_error(
     layers: Sequence[int] | None = None,
     kinds: Sequence[str] | str | None = None,
     skip_first: int = 0,
+    rotate: bool = True,
 ) -> pl.DataFrame:
     sel = select(dump, layers, kinds, skip_first=skip_first)
-    df = pl.DataFrame(_kvfast.quant_error(dump._live(), type, sel, skip_first))
+    groups = simulated_rotation(dump, type) if rotate else (0, 0)
+    df = pl.DataFrame(_kvfast.quant_error(dump._live(), type, sel, skip_first, groups))
+    df = df.with_columns(
+        rotation=pl.when(pl.col("kind") == "k").then(groups[0]).otherwise(groups[1]).cast(pl.Int32)
+    )
     if by == "head":
         return df
     if by != "layer":
@@ -92,6 +99,7 @@ def quant_error(
     return (
         df.group_by(_GROUP, maintain_order=True)
         .agg(
+            pl.col("rotation").first(),
             pl.col("count").sum(),
             (pl.col("sum_sq_err").sum() / pl.col("count").sum()).alias("mse"),
             pl.col("max_abs").max(),
@@ -102,6 +110,32 @@ def quant_error(
         )
         .sort("cache", "layer", "kind")
     )
+
+
+def simulated_rotation(dump: Dump, type: str) -> tuple[int, int]:
+    """The (K, V) groups llama.cpp would rotate a cache of ``type`` in, for this state's model: from
+    the head sizes where known, else from the rotation found in the state itself; (0 = none)."""
+    out = []
+    for kind, head_dim in (("k", dump.head_dim_k), ("v", dump.head_dim_v)):
+        if head_dim is not None:
+            out.append(_kvfast.rotation_group(kind, type, head_dim) or 0)
+            continue
+        found = [r.group for r in dump._rotation if r.kind == kind and r.group]
+        if type in ("f32", "f16", "bf16"):
+            out.append(0)
+        elif found:
+            # a state rotated in group g has a head size g divides (and, for K, 2g does not)
+            out.append(found[0])
+        else:
+            warnings.warn(
+                f"{dump.path}: the {kind.upper()} head size is unknown, so quant_error cannot apply"
+                " llama.cpp's rotation of quantized caches: the loss shown is without it. Pass model= or"
+                " head_dim= to kvfast.open.",
+                RotationWarning,
+                stacklevel=4,
+            )
+            out.append(0)
+    return out[0], out[1]
 
 
 def compare(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -59,6 +60,8 @@ def _describe(dump: Dump) -> dict[str, Any]:
         "seq_id": dump.seq_id,
         "cell_ext": dump.cell_ext,
         "n_tokens": None if tokens is None else len(tokens),
+        "server_tokens": dump.server_tokens,
+        "rotation": [dataclasses.asdict(r) for r in dump.rotation],
         "size": dump.size,
         "row_bytes": dump.row_bytes,
         "output_bytes": dump.output_bytes,
@@ -76,6 +79,12 @@ def _print_info(d: dict[str, Any]) -> None:
     for key in ("arch", "seq_id", "n_tokens"):
         if d[key] is not None:
             print(f"  {key:<10} {d[key]}")
+    st = d["server_tokens"]
+    if st is not None:
+        print(
+            f"  tokens     llama-server packed blob version {st['version']}: {st['n_tokens']} tokens,"
+            f" {len(st['media'])} media chunk(s)"
+        )
     if d["cell_ext"]:
         print("  cells carry the M-RoPE extension")
     if d["head_dim_k"] is not None:
@@ -104,6 +113,13 @@ def _print_info(d: dict[str, Any]) -> None:
                     f"      {ly['layer']:>5}  {ly['k_type']:<7}{ly['n_embd_k']:>7}  {ly['v_type'] or '-':<7}"
                     f"{ly['n_embd_v'] or 0:>7}  {ly['k_offset']:>12,}  {ly['v_offset'] or 0:>12,}"
                 )
+    for r in d["rotation"]:
+        if r["undone"] or r["type"] not in ("f32", "f16", "bf16"):
+            state = f"undone (groups of {r['group']})" if r["undone"] else "values as stored"
+            doubt = "" if r["certain"] else " [undecided: see --rotation]"
+            print(
+                f"  rotation   cache {r['cache']} {r['kind'].upper()} {r['type']}: {state}{doubt}; {r['evidence']}"
+            )
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -152,6 +168,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         head_dim=args.head_dim,
         model=args.model,
+        rotation=args.rotation,
         on_error=args.on_error,
     )
     counts = report.group_by("status").len().sort("status")

@@ -15,11 +15,18 @@ def geometry_options(p: argparse.ArgumentParser) -> None:
     """--head-dim and --model, for every command that splits rows into heads."""
     p.add_argument("--head-dim", type=positive_int, help="values per head (default: one head spans the row)")
     p.add_argument("--model", help="a GGUF model: head sizes and the model's layer order")
+    p.add_argument(
+        "--rotation",
+        choices=["auto", "hadamard", "none"],
+        default="auto",
+        help="undo llama.cpp's Hadamard rotation of quantized caches: auto (where the evidence says it"
+        " was applied), hadamard (wherever llama.cpp's rule applies) or none (values as stored)",
+    )
 
 
 def open_state(path: str, args: argparse.Namespace) -> kvfast.Dump:
     """Open a state with the geometry the command line gave."""
-    return kvfast.open(path, head_dim=args.head_dim, model=args.model)
+    return kvfast.open(path, head_dim=args.head_dim, model=args.model, rotation=args.rotation)
 
 
 def _cmd_show(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ import polars as pl
 
 from kvfast.dump import Dump, open
 from kvfast.model import ModelGeometry
+from kvfast.rotation import Mode
 
 STATE_SUFFIXES = (".bin", ".ggsq", ".ggsn", ".state", ".session", ".slot")
 RECORD_COLS = frozenset({"dump", "cache", "layer", "model_layer", "kind"})
@@ -134,10 +135,12 @@ def _batches(
             yield df
 
 
-def _open_all(paths: list[str], head_dim: int | None, model: ModelGeometry | None) -> list[tuple[str, Dump]]:
+def _open_all(
+    paths: list[str], head_dim: int | None, model: ModelGeometry | None, rotation: Mode = "auto"
+) -> list[tuple[str, Dump]]:
     out = []
     for p in paths:
-        out.append((p, open(p, head_dim=head_dim, model=model)))
+        out.append((p, open(p, head_dim=head_dim, model=model, rotation=rotation)))
     return out
 
 
@@ -168,15 +171,17 @@ def scan(
     paths: Paths,
     head_dim: int | None = None,
     model: str | os.PathLike[str] | ModelGeometry | None = None,
+    rotation: Mode = "auto",
 ) -> pl.LazyFrame:
     """The value table of every state as one lazy frame, with a ``dump`` column (the path).
 
     Opening reads metadata only; rows are read when the query runs, and only those the projection
-    and the predicate need (see the module's doc).
+    and the predicate need (see the module's doc). Values are in the basis ``rotation`` chooses
+    (see :func:`kvfast.open`).
     """
     geometry = _geometry(model)
     files = expand(paths)
-    dumps = [d for _, d in _open_all(files, head_dim, geometry)]
+    dumps = [d for _, d in _open_all(files, head_dim, geometry, rotation)]
     values_type, dtype = _values_schema(dumps)
     schema = {**INDEX_SCHEMA, "values": values_type}
 
@@ -279,6 +284,7 @@ def scan_stats(
     by: str = "cell",
     head_dim: int | None = None,
     model: str | os.PathLike[str] | ModelGeometry | None = None,
+    rotation: Mode = "auto",
 ) -> pl.LazyFrame:
     """`Dump.stats(by=...)` of every state as one lazy frame, with a ``dump`` column. A predicate on
     dump / cache / layer / model_layer / kind decides which records are read at all."""
@@ -286,7 +292,7 @@ def scan_stats(
         raise ValueError(f"by must be one of {sorted(STATS_SCHEMAS)}, not {by!r}")
     geometry = _geometry(model)
     files = expand(paths)
-    dumps = [d for _, d in _open_all(files, head_dim, geometry)]
+    dumps = [d for _, d in _open_all(files, head_dim, geometry, rotation)]
     schema = {"dump": pl.String(), **STATS_SCHEMAS[by]}
 
     def source(

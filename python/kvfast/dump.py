@@ -13,6 +13,7 @@ import polars as pl
 
 from kvfast import _kvfast, analysis, select
 from kvfast import probe as probe_manifest
+from kvfast import tokens as token_text
 from kvfast.address import Where, file_offset, locate, record_ref, tensor_offset
 from kvfast.analysis import By
 from kvfast.errors import ClosedError, ModelMismatchError
@@ -54,8 +55,18 @@ class Dump:
         if model is None and head_dim is None:
             found = probe_manifest.geometry_for(self.path)
             if found is not None:
-                model, self.pieces = found
+                model, self.pieces = found.geometry, found.pieces
+                if found.attn_rot is not None:
+                    says = (
+                        "rotates" if found.attn_rot else "does not rotate (or LLAMA_ATTN_ROT_DISABLE was set)"
+                    )
+                    self._build_hint = BuildHint(
+                        found.attn_rot, f"probe manifest: the llama.cpp build {says}"
+                    )
+        #: The GGUF file given as ``model`` (its vocabulary gives token pieces).
+        self.model_path: str | None = None
         if model is not None and not isinstance(model, ModelGeometry):
+            self.model_path = os.fspath(model)
             model = ModelGeometry.from_gguf(model)
         self.model: ModelGeometry | None = model
         self._state: _kvfast.State | None = _kvfast.State(self.path, cell_ext=cell_ext, mmap=mmap)
@@ -182,6 +193,43 @@ class Dump:
         return None if t is None else _i32(t)
 
     @property
+    def vocabulary(self) -> list[str] | None:
+        """The text of every token id, from the GGUF given as ``model`` (None without one)."""
+        return None if self.model_path is None else token_text.vocabulary(self.model_path)
+
+    def cell_tokens(self) -> pl.DataFrame:
+        """The token and piece of every cell: cache, stream, cell, pos, token, piece (null where not
+        known); join on (cache, stream, cell). See :mod:`kvfast.tokens`."""
+        self._live()
+        return token_text.cell_tokens(self)
+
+    @property
+    def token_words(self) -> npt.NDArray[np.int32] | None:
+        """The GGSQ / GGSN token array exactly as stored: for a llama-server slot file, the words of
+        its packed blob (marker -1, version, count, tokens, media); :attr:`tokens` are the tokens."""
+        state = self._live()
+        if self._info.get("tokens") is None:
+            return None
+        regions = state.regions()
+        i = regions["what"].index("tokens")
+        buf = state.floats_at(regions["offset"][i], regions["nbytes"][i] // 4)
+        return np.frombuffer(memoryview(buf), dtype="<i4").astype(np.int32)
+
+    @property
+    def server_tokens(self) -> dict[str, Any] | None:
+        """What a llama-server packed token blob held: its version, token count and media chunks
+        (``start``: index of the chunk's first token, ``offset`` / ``nbytes``: its bytes in the file);
+        None for a plain token list."""
+        self._live()
+        if "server_tokens_version" not in self._info:
+            return None
+        return {
+            "version": int(self._info["server_tokens_version"]),
+            "n_tokens": len(self._info["tokens"]) // 4,
+            "media": [{"start": s, "offset": o, "nbytes": n} for s, o, n in self._info["media"]],
+        }
+
+    @property
     def logits(self) -> npt.NDArray[np.float32] | None:
         """Logits of GGSN version 9 (and 2025 raw) states: [n_outputs, n_vocab], or flat if uneven."""
         state = self._live()
@@ -296,18 +344,26 @@ class Dump:
         )
 
     def values(
-        self, layer: int, kind: str = "k", cache: int = 0, stream: int | None = None, dtype: str | None = None
+        self,
+        layer: int,
+        kind: str = "k",
+        cache: int = 0,
+        stream: int | None = None,
+        dtype: str | None = None,
+        *,
+        stored: bool = False,
     ) -> npt.NDArray[Any]:
         """Rows of one record as a NumPy array [cells, values per row].
 
         f16 and f32 rows that are not transposed come back as read-only views of the memory map where
         the file offset is aligned for the type (a copy otherwise); bf16 and quantized rows are decoded
         to float32 in Rust, in parallel, with the GIL released. ``dtype='float32'`` decodes everything.
+        Values are in the model's basis (see :attr:`rotation`); ``stored=True`` gives them as stored.
         ``stream=None`` takes the first stream that holds cells.
         """
         state = self._live()
         rec = record_ref(self._caches, cache, layer, kind, stream)
-        buf, name, n_embd, cells, _ = state.rows(cache, rec.stream.index, layer, rec.kind, dtype)
+        buf, name, n_embd, cells, _ = state.rows(cache, rec.stream.index, layer, rec.kind, dtype, stored)
         arr: npt.NDArray[Any] = np.frombuffer(memoryview(buf), dtype=np.dtype(name).newbyteorder("<"))
         return arr.reshape(cells, n_embd)
 
@@ -356,10 +412,16 @@ class Dump:
         kinds: Sequence[str] | None = None,
         heads: Sequence[int] | None = None,
         dtype: str | None = None,
+        tokens: bool = False,
     ) -> pl.DataFrame:
-        """:meth:`to_arrow` as a Polars DataFrame (values: ``Array(Float16 | Float32, head_dim)``)."""
+        """:meth:`to_arrow` as a Polars DataFrame (values: ``Array(Float16 | Float32, head_dim)``);
+        ``tokens=True`` adds each cell's ``token`` and ``piece`` (see :meth:`cell_tokens`)."""
+        df = pl.DataFrame(self._table(layers, kinds, heads, dtype))
+        return self._with_tokens(df) if tokens else df
 
-        return pl.DataFrame(self._table(layers, kinds, heads, dtype))
+    def _with_tokens(self, df: pl.DataFrame) -> pl.DataFrame:
+        toks = self.cell_tokens().drop("pos")
+        return df.join(toks, on=["cache", "stream", "cell"], how="left", maintain_order="left")
 
     def stats(
         self,
@@ -367,6 +429,7 @@ class Dump:
         layers: Sequence[int] | None = None,
         kinds: Sequence[str] | str | None = None,
         skip_first: int = 0,
+        tokens: bool = False,
     ) -> pl.DataFrame:
         """Statistics computed in Rust, streamed over the map with the GIL released.
 
@@ -378,9 +441,11 @@ class Dump:
         - ``by="head"`` / ``by="layer"``: the same moments over every value of a head / layer, with
           l2_mean and l2_max, the mean and largest L2 norm of its (cell, head) rows.
 
+        ``tokens=True`` (with ``by="cell"``) adds each cell's ``token`` and ``piece``.
         ``skip_first=N`` leaves out cells at positions < N (attention sinks). std is ddof = 0.
         """
-        return analysis.stats(self, by, layers, kinds, skip_first)
+        df = analysis.stats(self, by, layers, kinds, skip_first)
+        return self._with_tokens(df) if tokens and by == "cell" else df
 
     def quant_error(
         self,
@@ -389,11 +454,12 @@ class Dump:
         layers: Sequence[int] | None = None,
         kinds: Sequence[str] | str | None = None,
         skip_first: int = 0,
+        rotate: bool = True,
     ) -> pl.DataFrame:
         """What a cache of ``type`` (q8_0, q4_0, ...) would lose: each row is quantized and
         dequantized with ggml's reference quantizer (bit-exact) in Rust; per (cache, layer, kind,
         head) or per layer: mse, max_abs, rel (||x - q(x)|| / ||x||) and cosine."""
-        return analysis.quant_error(self, type, by, layers, kinds, skip_first)
+        return analysis.quant_error(self, type, by, layers, kinds, skip_first, rotate)
 
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
         """The value table through the Arrow PyCapsule interface (pyarrow, Polars, DuckDB)."""

@@ -43,6 +43,7 @@ from kvfast.dump import Dump, open
 from kvfast.errors import KvfastError
 from kvfast.export_commit import MARKER, Commit
 from kvfast.model import ModelGeometry
+from kvfast.rotation import Mode
 
 
 class ExportError(KvfastError):
@@ -67,6 +68,7 @@ class _Options:
     head_dim: int | None
     model: ModelGeometry | None
     dtype: str | None
+    rotation: Mode = "auto"
 
     def signature(self) -> dict[str, Any]:
         return {
@@ -76,6 +78,7 @@ class _Options:
             "head_dim": self.head_dim,
             "model": None if self.model is None else repr(self.model),
             "dtype": self.dtype,
+            "rotation": self.rotation,
         }
 
 
@@ -184,7 +187,7 @@ def _export_one(opts: _Options, commit: Commit, path: str, real: str) -> dict[st
         if _done(opts, commit, key, source):
             return row
         staged = commit.stage(key)
-        with open(path, head_dim=opts.head_dim, model=opts.model) as d:
+        with open(path, head_dim=opts.head_dim, model=opts.model, rotation=opts.rotation) as d:
             for part, recs in _partitions(opts, d):
                 dest = staged.joinpath(*[f"{k}={v}" for k, v in part.items()]) / f"{key}.parquet"
                 n = _write(_part_frames(opts, d, part, recs), dest)
@@ -219,10 +222,10 @@ def _progress(total: int) -> Any:
     return tqdm(total=total, unit="state", desc="kvfast export", disable=None, file=sys.stderr)
 
 
-def _try_open(path: str, head_dim: int | None, model: ModelGeometry | None) -> Dump | None:
+def _try_open(path: str, head_dim: int | None, model: ModelGeometry | None, rotation: Mode) -> Dump | None:
     """The dump, or None when it fails to open (the export reports it)."""
     try:
-        return open(path, head_dim=head_dim, model=model)
+        return open(path, head_dim=head_dim, model=model, rotation=rotation)
     except (KvfastError, OSError, ValueError):
         return None
 
@@ -238,6 +241,7 @@ def export(
     on_error: str = "fail",
     by: str = "cell",
     dtype: str | None = None,
+    rotation: Mode = "auto",
 ) -> pl.DataFrame:
     """Write every state's value table (or statistics, ``what="stats"``, ``by=...``) as
     hive-partitioned Parquet under ``out_dir``; returns the report: one row per state with its
@@ -248,6 +252,7 @@ def export(
     one has failed, lets those already started finish, and raises :class:`ExportError` carrying the
     report. Either way a failed state leaves nothing behind, not even an earlier export of it.
     Inputs naming one file twice (by real path) are exported once, reported under the first name.
+    Values and statistics are in the basis ``rotation`` chooses (see :func:`kvfast.open`).
     """
     if what not in ("values", "stats"):
         raise ValueError(f"what must be 'values' or 'stats', not {what!r}")
@@ -260,11 +265,11 @@ def export(
     geometry = model if model is None or isinstance(model, ModelGeometry) else ModelGeometry.from_gguf(model)
     if what == "values" and dtype is None:
         # one values type for the whole dataset: f16 when every state is f16
-        dumps = [d for d in (_try_open(f, head_dim, geometry) for f in files) if d is not None]
+        dumps = [d for d in (_try_open(f, head_dim, geometry, rotation) for f in files) if d is not None]
         dtype = _values_schema(dumps)[1] if dumps else None
         for dd in dumps:
             dd.close()
-    opts = _Options(Path(out_dir), what, by, tuple(partition_by), head_dim, geometry, dtype)
+    opts = _Options(Path(out_dir), what, by, tuple(partition_by), head_dim, geometry, dtype, rotation)
     _check_layout(opts.out)
     rows: list[dict[str, Any]] = []
     bar = _progress(len(files))

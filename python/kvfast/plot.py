@@ -99,9 +99,24 @@ def heatmap(d: Dump, layer: int, kind: str = "k", cache: int = 0, per_head: bool
             f"head {h}" if per_head else f"cache {cache} layer {layer} {kind.upper()}: |value|", fontsize=9
         )
     axes[0].set_ylabel("cell")
+    _token_ticks(axes[0], d, cache, len(x))
     if im is not None:
         fig.colorbar(im, ax=list(axes))
     return fig
+
+
+def _token_ticks(ax: Any, d: Dump, cache: int, n: int, most: int = 40) -> None:
+    """Label the cell axis with each cell's token piece where known (at most `most` labels)."""
+    rec = d.caches[cache].streams
+    stream = next((s.index for s in rec if s.cell_count), 0)
+    toks = d.cell_tokens().filter(cache=cache, stream=stream)
+    pieces = toks["piece"].to_list()
+    if n == 0 or all(p is None for p in pieces):
+        return
+    step = max(1, -(-n // most))
+    cells = list(range(0, n, step))
+    ax.set_yticks(cells)
+    ax.set_yticklabels([f"{c} {pieces[c]!r}" if pieces[c] is not None else str(c) for c in cells], fontsize=6)
 
 
 def stats(d: Dump, outlier: float = 4.0) -> Figure:

@@ -221,6 +221,16 @@ class Runner:
         tmp.write_bytes(bytes(buf[:written]))
         os.replace(tmp, path)
 
+    def rotates(self) -> tuple[bool, str | None]:
+        """Whether this llama.cpp stores quantized caches Hadamard-rotated (its library has the
+        rotation, as builds since April 2026 do, and LLAMA_ATTN_ROT_DISABLE does not turn it off),
+        and the value of that variable."""
+        env = os.environ.get("LLAMA_ATTN_ROT_DISABLE")
+        lib = Path(self.L.__file__).parent / "lib"
+        has = any(b"attn_rot_k" in f.read_bytes() for f in lib.glob("libllama*") if f.is_file())
+        disabled = env is not None and env.strip().lstrip("-").isdigit() and int(env) != 0
+        return has and not disabled, env
+
     def build(self) -> str:
         info = self.L.llama_print_system_info()
         sysinfo = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
@@ -294,6 +304,7 @@ def run(
         model, ctk=ctk, ctv=ctv, fa=fa, parallel=parallel, n_ctx=n_ctx, gpu_layers=gpu_layers, unified=unified
     )
     build = r.build()
+    rotates, rot_env = r.rotates()
     config = {
         "model": model,
         **geometry,
@@ -306,6 +317,8 @@ def run(
         "generate": generate,
         "gpu_layers": gpu_layers,
         "llama_build": build,
+        "attn_rot": rotates,
+        "attn_rot_disable_env": rot_env,
     }
     prefix: list[int] = []
     if shared_prefix is not None:
@@ -441,8 +454,19 @@ def _write_manifest(out: Path, old: pl.DataFrame | None, rows: list[dict[str, An
     return df
 
 
-def geometry_for(path: str | os.PathLike[str]) -> tuple[ModelGeometry, list[str] | None] | None:
-    """The model geometry and token pieces recorded for a state by a probe manifest beside it."""
+@dataclass(frozen=True)
+class Recorded:
+    """What a probe manifest beside a state recorded about it."""
+
+    geometry: ModelGeometry
+    pieces: list[str] | None
+    #: Whether the llama.cpp that wrote it rotated quantized caches (None: the manifest predates it).
+    attn_rot: bool | None
+    build: str | None
+
+
+def geometry_for(path: str | os.PathLike[str]) -> Recorded | None:
+    """The model geometry, token pieces and build recorded for a state by a probe manifest beside it."""
     p = Path(path)
     man = p.parent / MANIFEST
     if not man.is_file():  # a FIFO of that name would block the reader
@@ -464,4 +488,4 @@ def geometry_for(path: str | os.PathLike[str]) -> tuple[ModelGeometry, list[str]
         swa=tuple(row["swa"]),
     )
     pieces = row["pieces"] if row["state"] == p.name else None
-    return g, pieces
+    return Recorded(g, pieces, row.get("attn_rot"), row.get("llama_build"))

@@ -44,8 +44,16 @@ _MARGIN_CONFIRM = 1.4
 _MIN_KURTOSIS = 5.0
 
 
+#: Why a group chosen by the values is a guess: undoing in twice llama.cpp's group mixes each channel
+#: with the same channel of the neighbouring head, which keeps (often raises) the outliers a real
+#: cache has, so no statistic of the values tells the two apart without the head size.
+_GUESS = (
+    "chosen by the values (the largest kurtosis; without the head size a group twice llama.cpp's looks alike)"
+)
+
+
 class RotationWarning(UserWarning):
-    """kvfast could not tell whether a quantized cache is stored rotated; values are left as stored."""
+    """kvfast could not be sure whether, or in which group, a quantized cache is stored rotated."""
 
 
 class RotationError(KvfastError, ValueError):
@@ -90,7 +98,8 @@ def hadamard(x: npt.NDArray[np.float32], n: int) -> npt.NDArray[np.float64]:
         r[:, :, 0, :], r[:, :, 1, :] = a + b, a - b
         rows = r.reshape(-1, n)
         h *= 2
-    return (rows / np.sqrt(n)).reshape(x.shape)
+    out: npt.NDArray[np.float64] = (rows / np.sqrt(n)).reshape(x.shape)
+    return out
 
 
 def kurtosis(x: npt.NDArray[np.float64]) -> float:
@@ -127,11 +136,17 @@ def plan(
                 out.append(d)
     undecided = [d for d in out if not d.certain]
     if undecided:
-        which = ", ".join(f"cache {d.cache} {d.kind.upper()} ({d.type})" for d in undecided)
+        which = ", ".join(
+            f"cache {d.cache} {d.kind.upper()} ({d.type}: "
+            + (f"undone in groups of {d.group}, a guess" if d.undone else "left as stored")
+            + ")"
+            for d in undecided
+        )
         warnings.warn(
-            f"cannot tell whether {which} of this state is stored Hadamard-rotated (llama.cpp does so"
-            f" for quantized caches since April 2026): values are given as stored. {undecided[0].evidence}."
-            " Pass rotation='hadamard' or rotation='none' (and model= or head_dim=) to decide.",
+            f"kvfast cannot be sure how llama.cpp stored {which}: since April 2026 it stores quantized"
+            f" caches Hadamard-rotated in groups set by the head size, which the state does not record."
+            f" Evidence: {undecided[0].evidence}. Pass model= or head_dim= (or rotation='hadamard' /"
+            " rotation='none') to decide.",
             RotationWarning,
             stacklevel=4,
         )
@@ -165,7 +180,9 @@ def _decide(
     if head_dim is not None:
         group = _kvfast.rotation_group(kind, ty, head_dim)
         if group is None:
-            return rot(False, None, f"head size {head_dim} is not a multiple of 64: llama.cpp does not rotate")
+            return rot(
+                False, None, f"head size {head_dim} is not a multiple of 64: llama.cpp does not rotate"
+            )
         candidates = [group]
         known = f"head size {head_dim}"
     else:
@@ -179,7 +196,7 @@ def _decide(
             return rot(True, candidates[0], f"rotation='hadamard' ({known})")
         g, ev = _by_values(state, cache.index, recs, kind, candidates)
         if g:
-            return rot(True, g, f"rotation='hadamard', group chosen by the values ({ev})")
+            return rot(True, g, f"rotation='hadamard', group {_GUESS} ({ev})", certain=len(candidates) == 1)
         raise RotationError(
             f"cache {cache.index} {kind.upper()}: rotation='hadamard' needs the head size to know the group"
             f" (one of {candidates}): pass head_dim= or model="
@@ -198,6 +215,8 @@ def _decide(
         return rot(True, candidates[0], f"{why}; {known}")
     margin = _MARGIN_CONFIRM if believed else _MARGIN
     g, ev = _by_values(state, cache.index, recs, kind, candidates, margin)
+    if g and head_dim is None and len(candidates) > 1:
+        return rot(True, g, f"{why}; group {_GUESS}: {ev}", certain=False)
     if g:
         return rot(True, g, f"{why}; values: {ev}")
     if g == 0:
@@ -215,13 +234,12 @@ def _by_values(
 ) -> tuple[int | None, str]:
     """Measured on a sample of layers: the group whose undoing gives values with outlier channels
     (a group), values that already have them as stored (0), or no clear answer (None); with the
-    kurtoses measured. Each layer votes for the basis of largest kurtosis (undoing in a group
-    smaller or larger than llama.cpp's leaves the outliers spread); a basis must win most layers,
-    and be clearly non-Gaussian."""
+    kurtoses measured. The basis of largest median kurtosis wins if it is clearly non-Gaussian and
+    clearly above the other reading (as stored, or undone)."""
     chosen = recs[:: max(1, len(recs) // _SAMPLE_LAYERS)][:_SAMPLE_LAYERS]
     per_layer: list[dict[int, float]] = []
     for si, ly in chosen:
-        buf, _, n_embd, cells, _ = state.rows(cache, si, ly.index, kind, "float32")
+        buf, _, n_embd, cells, _ = state.rows(cache, si, ly.index, kind, "float32", True)
         if cells:
             x = np.frombuffer(memoryview(buf), dtype="<f4").reshape(cells, n_embd)[:_SAMPLE_CELLS]
             ks = {0: kurtosis(x.astype(np.float64))}
@@ -233,9 +251,8 @@ def _by_values(
     text = f"median kurtosis {median[0]:.1f} as stored, " + ", ".join(
         f"{median[g]:.1f} undone in groups of {g}" for g in candidates
     )
-    votes = [max(k, key=lambda g: k[g]) for k in per_layer]
-    winner = max(set(votes), key=votes.count)
-    if 2 * votes.count(winner) <= len(votes) or median[winner] < _MIN_KURTOSIS:
+    winner = max(median, key=lambda g: median[g])
+    if median[winner] < _MIN_KURTOSIS:
         return None, text
     if winner == 0:
         clear = median[0] >= margin * max(median[g] for g in candidates)

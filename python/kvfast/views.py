@@ -26,6 +26,10 @@ def rows(
         head = select.index("head", head, n // hd, f"{n // hd} heads of {hd} values")
     lo, hi = (0, n) if head is None else (head * hd, (head + 1) * hd)
     values = d.values(layer, kind, cache=cache, stream=s.index, dtype="float32")
+    stored = d.values(layer, kind, cache=cache, stream=s.index, dtype="float32", stored=True)
+    group = next((r.group for r in d.rotation if r.cache == cache and r.kind == kind and r.undone), None)
+    toks = d.cell_tokens().filter(cache=cache, stream=s.index)
+    token, piece = toks["token"].to_list(), toks["piece"].to_list()
     with open(d.path, "rb") as f:
         out = []
         for c in range(min(cells, s.cell_count)):
@@ -53,11 +57,16 @@ def rows(
                     "cell": c,
                     "pos": int(s.pos[c]),
                     "seq_ids": s.seq_ids[c],
+                    "token": token[c],
+                    "piece": piece[c],
                     "offset": start,
                     "type": ty,
                     "transposed": transposed,
                     "hex": data.hex(),
                     "values": [float(v) for v in values[c, lo:hi]],
+                    # the numbers the bytes hold, where they differ from the model's (rotated caches)
+                    "stored": None if group is None else [float(v) for v in stored[c, lo:hi]],
+                    "rotation": group,
                 }
             )
     return out
@@ -69,11 +78,14 @@ def format_rows(rows_: list[dict[str, Any]], per_line: int = 16) -> str:
     for r in rows_:
         data = bytes.fromhex(r["hex"])
         how = ", V transposed: one element every cell apart" if r["transposed"] else ""
+        tok = "" if r.get("token") is None else f"  token {r['token']}"
+        tok += "" if r.get("piece") is None else f" {r['piece']!r}"
         lines.append(
-            f"cell {r['cell']}  pos {r['pos']}  seq {r['seq_ids']}  {r['type']} at byte {r['offset']:,}{how}"
+            f"cell {r['cell']}  pos {r['pos']}{tok}  seq {r['seq_ids']}  {r['type']} at byte {r['offset']:,}{how}"
         )
         ty: str = r["type"]
-        vals = np.array(r["values"], np.float32)
+        rotated = r.get("stored") is not None
+        vals = np.array(r["stored"] if rotated else r["values"], np.float32)
         if ty in _FLOAT and not r["transposed"]:
             per_value = _FLOAT[ty]
             for i in range(0, len(data), per_line):
@@ -91,6 +103,13 @@ def format_rows(rows_: list[dict[str, Any]], per_line: int = 16) -> str:
             per_value = _FLOAT[ty]
             for i, v in enumerate(vals):
                 lines.append(f"  element {i}: {data[i * per_value : (i + 1) * per_value].hex(' ')}  {v:+.6g}")
+        if rotated:
+            lines.append(
+                f"  in the model's basis (llama.cpp's rotation undone in groups of {r['rotation']}):"
+            )
+            model = r["values"]
+            for i in range(0, len(model), BLOCK_VALUES):
+                lines.append("  " + " " * 14 + " ".join(f"{v:+.4g}" for v in model[i : i + BLOCK_VALUES]))
     return "\n".join(lines)
 
 

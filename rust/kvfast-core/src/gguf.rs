@@ -34,7 +34,41 @@ pub enum Value {
 /// was read, up to the file's size and at most 1 GiB. Memory is bounded by the header, not the
 /// file; every count in the header is checked against the bytes before anything is allocated.
 pub fn read_metadata(path: impl AsRef<Path>) -> Result<Vec<(String, Value)>> {
-    let path = path.as_ref();
+    read_header(path.as_ref(), None)
+}
+
+/// The model's vocabulary (`tokenizer.ggml.tokens`: the piece of each token id), read from the
+/// header alone with the same bounds as [`read_metadata`]; None when the model has none.
+pub fn read_vocab(path: impl AsRef<Path>) -> Result<Option<Vec<String>>> {
+    let kvs = read_header(path.as_ref(), Some(VOCAB))?;
+    for (k, v) in kvs {
+        if k == VOCAB {
+            return match v {
+                Value::Array(items) => Ok(Some(
+                    items
+                        .into_iter()
+                        .map(|i| match i {
+                            Value::Str(s) => s,
+                            other => format!("{other:?}"),
+                        })
+                        .collect(),
+                )),
+                _ => Err(Error::format(
+                    VOCAB,
+                    0,
+                    "an array of strings",
+                    "another type",
+                )),
+            };
+        }
+    }
+    Ok(None)
+}
+
+/// The key of a GGUF model's vocabulary.
+pub const VOCAB: &str = "tokenizer.ggml.tokens";
+
+fn read_header(path: &Path, keep: Option<&str>) -> Result<Vec<(String, Value)>> {
     let (mut file, meta) = open_regular(path)?;
     let limit = meta.len().min(MAX_HEADER);
     let mut buf = Vec::new();
@@ -48,7 +82,7 @@ pub fn read_metadata(path: impl AsRef<Path>) -> Result<Vec<(String, Value)>> {
                 path: path.to_path_buf(),
                 source,
             })?;
-        match parse_header(&buf, meta.len()) {
+        match parse_header(&buf, meta.len(), keep) {
             Err(Error::Truncated { .. }) if buf.len() as u64 == want && want < limit => {
                 want = want.saturating_mul(4).min(limit);
             }
@@ -59,7 +93,7 @@ pub fn read_metadata(path: impl AsRef<Path>) -> Result<Vec<(String, Value)>> {
 
 /// Parse a whole GGUF header held in `buf`.
 pub fn parse_metadata(buf: &[u8]) -> Result<Vec<(String, Value)>> {
-    parse_header(buf, buf.len() as u64)
+    parse_header(buf, buf.len() as u64, None)
 }
 
 /// A cursor over the first bytes of a file of `file_len` bytes: a count that cannot fit the file
@@ -67,6 +101,8 @@ pub fn parse_metadata(buf: &[u8]) -> Result<Vec<(String, Value)>> {
 struct Header<'a> {
     cur: Cursor<'a>,
     file_len: u64,
+    /// An array key kept whatever its length (the vocabulary, when asked for).
+    keep: Option<&'a str>,
 }
 
 impl Header<'_> {
@@ -93,10 +129,15 @@ impl Header<'_> {
     }
 }
 
-fn parse_header(buf: &[u8], file_len: u64) -> Result<Vec<(String, Value)>> {
+fn parse_header<'a>(
+    buf: &'a [u8],
+    file_len: u64,
+    keep: Option<&'a str>,
+) -> Result<Vec<(String, Value)>> {
     let mut h = Header {
         cur: Cursor::new(buf, 0),
         file_len,
+        keep,
     };
     let cur = &mut h.cur;
     let magic = cur.take(4, "GGUF magic")?;
@@ -186,7 +227,7 @@ fn value(h: &mut Header, ty: u32, t_off: usize, key: &str) -> Result<Value> {
                 &format!("{key} length ({n} array elements)"),
                 et_off + 4,
             )?;
-            if n > MAX_KEPT_ARRAY {
+            if n > MAX_KEPT_ARRAY && h.keep != Some(key) {
                 for _ in 0..n {
                     value(h, et, et_off, key)?;
                 }
@@ -239,7 +280,7 @@ mod tests {
             v
         };
         let b = header(&[("a", 9, arr(1 << 40))]);
-        match parse_header(&b, b.len() as u64) {
+        match parse_header(&b, b.len() as u64, None) {
             Err(Error::Format { field, offset, .. }) => {
                 assert!(field.starts_with("a length"), "{field}");
                 assert_eq!(offset, 24 + 8 + 1 + 4 + 4);
@@ -249,7 +290,7 @@ mod tests {
         // the same count in the first MiB of a file that has the bytes: read more
         let b = header(&[("a", 9, arr(1000))]);
         assert!(matches!(
-            parse_header(&b, 1 << 20),
+            parse_header(&b, 1 << 20, None),
             Err(Error::Truncated { .. })
         ));
         let mut b = header(&[]);

@@ -40,3 +40,11 @@ pub fn gguf_metadata<'py>(
     }
     Ok(d)
 }
+
+/// A GGUF model's vocabulary (`tokenizer.ggml.tokens`, the piece of each token id), read from the
+/// header alone; None when the model has none.
+#[pyfunction]
+pub fn gguf_vocab(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Option<Vec<String>>> {
+    py.detach(|| kvfast_core::gguf::read_vocab(&path))
+        .map_err(to_py)
+}

@@ -308,8 +308,10 @@ impl State {
         Ok(d)
     }
 
-    /// One record's rows: (buffer, numpy dtype name, values per row, cells, zero_copy).
-    #[pyo3(signature = (cache, stream, layer, kind, dtype=None))]
+    /// One record's rows: (buffer, numpy dtype name, values per row, cells, zero_copy); in the
+    /// model's basis, or as stored with `stored=True`.
+    #[pyo3(signature = (cache, stream, layer, kind, dtype=None, stored=false))]
+    #[allow(clippy::too_many_arguments)]
     fn rows(
         &self,
         py: Python<'_>,
@@ -318,13 +320,18 @@ impl State {
         layer: usize,
         kind: &str,
         dtype: Option<&str>,
+        stored: bool,
     ) -> PyResult<(Buf, &'static str, usize, usize, bool)> {
         let sf = self.get()?;
         let dtype = parse_dtype(dtype)?;
         let rec = Self::record(&sf, cache, stream, layer, kind)?.clone();
         let cells = sf.layout.caches[cache].streams[stream].cell_count as usize;
         let ki = usize::from(parse_kind(kind)? == "v");
-        let rot = self.rotation_groups().get(cache).map_or(0, |g| g[ki]);
+        let rot = if stored {
+            0
+        } else {
+            self.rotation_groups().get(cache).map_or(0, |g| g[ki])
+        };
         let r = py.detach(|| record_rows(&sf, &rec, cells, dtype, rot));
         let name = if r.out == Out::F16 {
             "float16"
