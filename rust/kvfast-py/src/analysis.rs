@@ -341,7 +341,6 @@ fn parse_type(name: &str) -> PyResult<GgmlType> {
 /// `rotate` = (K group, V group): where nonzero, the pipeline is llama.cpp's for a rotated cache:
 /// rotate, quantize, dequantize, rotate back (the Hadamard matrix is its own inverse).
 #[pyfunction]
-#[pyo3(signature = (state, type_name, sel, skip_first, rotate=(0, 0)))]
 pub fn quant_error(
     py: Python<'_>,
     state: &State,
