@@ -63,6 +63,8 @@ def test_states_and_manifest(runs: dict[str, Path]) -> None:
     assert (row["arch"], row["n_layer"], row["head_dim_k"], row["n_head_kv"]) == ("qwen3", 2, 32, [2, 2])
     assert (row["ctk"], row["ctv"], row["parallel"], row["fa"]) == ("f16", "f16", 3, True)
     assert "llama-cpp-python" in row["llama_build"]
+    # llama-cpp-python 0.3.36 carries llama.cpp of October 2026, which rotates quantized caches
+    assert row["attn_rot"] is (os.environ.get("LLAMA_ATTN_ROT_DISABLE", "0") in ("", "0"))
     for r in ok.iter_rows(named=True):
         with kvfast.open(runs["f16"] / r["state"]) as d:
             assert d.container == "ggsq" and d.size == r["size"]
@@ -130,3 +132,18 @@ def test_cli_probe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         )
         == 0
     )
+
+
+def test_rotated_probe_states_are_undone_with_no_hint(tmp_path: Path) -> None:
+    """A q8_0 probe of a head-128 model: opened with no argument, every state is read in the model's
+    basis, the head size and the build's rotation taken from the manifest beside it."""
+    model = str(DATA / "models/tiny-qwen3-hd128.gguf")
+    prompts = [{"id": "x", "tokens": [5, 17, 99, 3, 42, 7, 11]}]
+    for ty in ("f16", "q8_0"):
+        probe.run(model, prompts, tmp_path / ty, ctk=ty, ctv=ty, n_ctx=64, progress=False)
+    with kvfast.open(tmp_path / "q8_0/x.ggsq") as q, kvfast.open(tmp_path / "f16/x.ggsq") as f:
+        got = {r.kind: (r.undone, r.group, r.certain) for r in q.rotation}
+        assert got == {"k": (True, 128, True), "v": (True, 64, True)}
+        assert all("probe manifest" in r.evidence for r in q.rotation)
+        rel = kvfast.compare(f, q, by="layer")["rel_max"].max()
+        assert rel < 0.02
