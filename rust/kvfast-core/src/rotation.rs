@@ -99,7 +99,13 @@ pub fn hadamard_groups(row: &mut [f32], n: usize) {
     if n >= 16 && std::arch::is_x86_feature_detected!("avx") {
         for g in row.chunks_exact_mut(n) {
             // SAFETY: the CPU has AVX; `g` holds n values, n a power of two >= 16.
-            unsafe { fwht_avx(g, scale) };
+            unsafe {
+                match n {
+                    64 => fwht_avx_regs::<8>(g, scale),
+                    128 => fwht_avx_regs::<16>(g, scale),
+                    _ => fwht_avx(g, scale),
+                }
+            }
         }
         return;
     }
@@ -128,6 +134,53 @@ fn fwht(x: &mut [f32]) {
     }
 }
 
+/// Stages h = 1, 2, 4 of the transform within one register of eight values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+unsafe fn within8(a: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let m1 = _mm256_setr_ps(1., -1., 1., -1., 1., -1., 1., -1.);
+    let m2 = _mm256_setr_ps(1., 1., -1., -1., 1., 1., -1., -1.);
+    let m4 = _mm256_setr_ps(1., 1., 1., 1., -1., -1., -1., -1.);
+    let a = _mm256_add_ps(_mm256_mul_ps(a, m1), _mm256_permute_ps(a, 0b10_11_00_01));
+    let a = _mm256_add_ps(_mm256_mul_ps(a, m2), _mm256_permute_ps(a, 0b01_00_11_10));
+    _mm256_add_ps(_mm256_mul_ps(a, m4), _mm256_permute2f128_ps(a, a, 1))
+}
+
+/// The transform of a group of `8 * R` values (llama.cpp's 64 and 128) held whole in registers:
+/// one load and one store per value.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn fwht_avx_regs<const R: usize>(g: &mut [f32], scale: f32) {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(g.len(), 8 * R);
+    let p = g.as_mut_ptr();
+    let mut r = [_mm256_setzero_ps(); R];
+    for (i, x) in r.iter_mut().enumerate() {
+        // SAFETY: g holds 8 * R values.
+        *x = within8(unsafe { _mm256_loadu_ps(p.add(8 * i)) });
+    }
+    let mut h = 1;
+    while h < R {
+        let mut base = 0;
+        while base < R {
+            for j in base..base + h {
+                let (u, v) = (r[j], r[j + h]);
+                r[j] = _mm256_add_ps(u, v);
+                r[j + h] = _mm256_sub_ps(u, v);
+            }
+            base += 2 * h;
+        }
+        h *= 2;
+    }
+    let s = _mm256_set1_ps(scale);
+    for (i, x) in r.iter().enumerate() {
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_ps(p.add(8 * i), _mm256_mul_ps(*x, s)) };
+    }
+}
+
 /// The transform of one group, scaled: the stages within eight consecutive values (h = 1, 2, 4)
 /// as lane permutations inside one register, the stages across registers (h >= 8) as plain
 /// vector adds and subtracts, the scale folded into the last stage.
@@ -137,19 +190,9 @@ unsafe fn fwht_avx(g: &mut [f32], scale: f32) {
     use std::arch::x86_64::*;
     let n = g.len();
     let p = g.as_mut_ptr();
-    // lanes whose value is subtracted at each in-register stage
-    let m1 = _mm256_setr_ps(1., -1., 1., -1., 1., -1., 1., -1.);
-    let m2 = _mm256_setr_ps(1., 1., -1., -1., 1., 1., -1., -1.);
-    let m4 = _mm256_setr_ps(1., 1., 1., 1., -1., -1., -1., -1.);
     for i in (0..n).step_by(8) {
         // SAFETY: i + 8 <= n (n is a multiple of 8); unaligned loads and stores.
-        unsafe {
-            let a = _mm256_loadu_ps(p.add(i));
-            let a = _mm256_add_ps(_mm256_mul_ps(a, m1), _mm256_permute_ps(a, 0b10_11_00_01));
-            let a = _mm256_add_ps(_mm256_mul_ps(a, m2), _mm256_permute_ps(a, 0b01_00_11_10));
-            let a = _mm256_add_ps(_mm256_mul_ps(a, m4), _mm256_permute2f128_ps(a, a, 1));
-            _mm256_storeu_ps(p.add(i), a);
-        }
+        unsafe { _mm256_storeu_ps(p.add(i), within8(_mm256_loadu_ps(p.add(i)))) };
     }
     let s = _mm256_set1_ps(scale);
     let mut h = 8;
