@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::columns::Columns;
-use crate::errors::value_error;
+use crate::errors::{Error, Mismatch, Result};
 use crate::rows::Dtype;
 use crate::state::{parse_kind, State};
 use crate::stream::ArrowStream;
@@ -34,10 +34,10 @@ pub struct Select {
 }
 
 impl Select {
-    fn selection(self, state: &State) -> PyResult<Selection> {
+    fn selection(self, state: &State) -> Result<Selection> {
         let kinds = match self.kinds {
             None => vec!["k", "v"],
-            Some(ks) => ks.iter().map(|k| parse_kind(k)).collect::<PyResult<_>>()?,
+            Some(ks) => ks.iter().map(|k| parse_kind(k)).collect::<Result<_>>()?,
         };
         Ok(Selection {
             caches: self.caches,
@@ -65,12 +65,12 @@ pub fn cell_stats(
     state: &State,
     sel: Select,
     skip_first: i32,
-) -> PyResult<ArrowStream> {
+) -> Result<ArrowStream> {
     let sf = state.get()?;
     let sel = sel.selection(state)?;
     py.detach(|| {
         let mut batches = vec![];
-        for job in jobs(&sf, &sel).map_err(value_error)? {
+        for job in jobs(&sf, &sel)? {
             let pairs = cell_seq_pairs(job.stream, sf.layout.seq_id, skip_first);
             let cells: Vec<usize> = pairs.iter().map(|p| p.0).collect();
             let stats = stats_of_cells(&view(&sf, &job), &cells, job.head_dim);
@@ -85,14 +85,14 @@ pub fn cell_stats(
 }
 
 /// A stand-in job to give an empty result its schema.
-fn empty_job(sf: &StateFile) -> PyResult<Job<'_>> {
+fn empty_job(sf: &StateFile) -> Result<Job<'_>> {
     let stream = sf
         .layout
         .caches
         .iter()
         .flat_map(|c| &c.streams)
         .find(|s| !s.layers.is_empty())
-        .ok_or_else(|| value_error("the state holds no cells"))?;
+        .ok_or(Error::NoCells)?;
     Ok(Job {
         cache: 0,
         stream,
@@ -155,10 +155,10 @@ fn cell_batch(
 }
 
 /// Group the selected records by (cache, layer, kind) across streams, in first-seen order.
-fn grouped<'a>(sf: &'a StateFile, sel: &Selection) -> PyResult<Vec<Vec<Job<'a>>>> {
+fn grouped<'a>(sf: &'a StateFile, sel: &Selection) -> Result<Vec<Vec<Job<'a>>>> {
     let mut order: Vec<(u32, u32, &str)> = vec![];
     let mut groups: HashMap<(u32, u32, &str), Vec<Job<'a>>> = HashMap::new();
-    for job in jobs(sf, sel).map_err(value_error)? {
+    for job in jobs(sf, sel)? {
         let key = (job.cache, job.layer, job.kind);
         if !groups.contains_key(&key) {
             order.push(key);
@@ -276,7 +276,7 @@ pub fn aggregate_stats(
     state: &State,
     sel: Select,
     skip_first: i32,
-) -> PyResult<(ArrowStream, ArrowStream, ArrowStream)> {
+) -> Result<(ArrowStream, ArrowStream, ArrowStream)> {
     let sf = state.get()?;
     let sel = sel.selection(state)?;
     py.detach(|| {
@@ -329,12 +329,8 @@ pub fn aggregate_stats(
     })
 }
 
-fn parse_type(name: &str) -> PyResult<GgmlType> {
-    GgmlType::from_name(name).ok_or_else(|| {
-        value_error(format!(
-            "unknown cache type {name:?}: expected f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl"
-        ))
-    })
+fn parse_type(name: &str) -> Result<GgmlType> {
+    GgmlType::from_name(name).ok_or_else(|| Error::UnknownType(name.to_string()))
 }
 
 /// What quantizing each row with `type_name` (ggml's reference quantizer) would lose, per head.
@@ -348,7 +344,7 @@ pub fn quant_error(
     sel: Select,
     skip_first: i32,
     rotate: (usize, usize),
-) -> PyResult<ArrowStream> {
+) -> Result<ArrowStream> {
     let sf = state.get()?;
     let sel = sel.selection(state)?;
     let ty = parse_type(type_name)?;
@@ -362,19 +358,21 @@ pub fn quant_error(
             let j0 = &group[0];
             let n = j0.rec.n_embd as usize;
             if ty.row_bytes(n as u64).is_none() {
-                return Err(value_error(format!(
-                    "layer {} {} rows of {n} values are not whole {ty} blocks of {}",
-                    j0.layer,
-                    j0.kind,
-                    ty.block_len()
-                )));
+                return Err(Error::RowsNotWholeBlocks {
+                    layer: j0.layer,
+                    kind: j0.kind,
+                    n,
+                    ty,
+                });
             }
             let rot = if j0.kind == "k" { rotate.0 } else { rotate.1 };
             if rot > 0 && (!rot.is_power_of_two() || n % rot != 0) {
-                return Err(value_error(format!(
-                    "rotation group {rot} does not divide the {n} values of layer {} {} rows",
-                    j0.layer, j0.kind
-                )));
+                return Err(Error::SimulatedRotation {
+                    group: rot,
+                    n,
+                    layer: j0.layer,
+                    kind: j0.kind,
+                });
             }
             // The quantized row is sized from the row itself (every stream's rows have one width:
             // the walk checks it), so no row is ever read into another's width.
@@ -449,11 +447,14 @@ pub fn quantize<'py>(
     py: Python<'py>,
     type_name: &str,
     values: Vec<f32>,
-) -> PyResult<Bound<'py, PyBytes>> {
+) -> Result<Bound<'py, PyBytes>> {
     let ty = parse_type(type_name)?;
     let rb = ty
         .row_bytes(values.len() as u64)
-        .ok_or_else(|| value_error(format!("{} values are not whole {ty} blocks", values.len())))?;
+        .ok_or(Error::NotWholeBlocks {
+            n: values.len(),
+            ty,
+        })?;
     let mut out = vec![0u8; rb as usize];
     quantize_row(ty, &values, &mut out);
     Ok(PyBytes::new(py, &out))
@@ -463,7 +464,7 @@ type Key = (Option<i32>, i32);
 
 /// Errors of `b` against `a`, cells matched by (sequence, position).
 #[pyfunction]
-pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> PyResult<ArrowStream> {
+pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> Result<ArrowStream> {
     let (sa, sb) = (a.get()?, b.get()?);
     let sel = sel.selection(a)?;
     let rot_b = b.rotation_groups();
@@ -473,7 +474,7 @@ pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> PyResult<Ar
         let mut idx: [Vec<i32>; 5] = Default::default();
         let (mut ml, mut kinds, mut seqs) = (vec![], vec![], vec![]);
         let mut cols: [Vec<f64>; 4] = Default::default();
-        for job in jobs(&sa, &sel).map_err(value_error)? {
+        for job in jobs(&sa, &sel)? {
             let cb = &sb.layout.caches[job.cache as usize];
             let mut where_b: HashMap<Key, (usize, usize)> = HashMap::new();
             for (si, s) in cb.streams.iter().enumerate() {
@@ -491,13 +492,14 @@ pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> PyResult<Ar
                 }
             }
             if let Some((q, p)) = missing.first() {
-                return Err(value_error(format!(
-                    "cannot match the states: {} (sequence, position) pairs of A's cache {} stream {} have no cell in B (first: sequence {}, position {p})",
-                    missing.len(),
-                    job.cache,
-                    job.stream.index,
-                    q.map_or("none".to_string(), |q| q.to_string()),
-                )));
+                return Err(Mismatch::Cells {
+                    missing: missing.len(),
+                    cache: job.cache,
+                    stream: job.stream.index,
+                    seq: *q,
+                    pos: *p,
+                }
+                .into());
             }
             let mut streams: Vec<_> = by_stream.into_iter().collect();
             streams.sort_by_key(|s| s.0);
@@ -505,7 +507,11 @@ pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> PyResult<Ar
             for (si, triples) in streams {
                 let s_b = &cb.streams[si];
                 let lb = &s_b.layers[job.layer as usize];
-                let rec_b = if job.kind == "k" { &lb.k } else { lb.v.as_ref().expect("geometry checked") };
+                let rec_b = if job.kind == "k" {
+                    &lb.k
+                } else {
+                    lb.v.as_ref().expect("geometry checked")
+                };
                 let ki = usize::from(job.kind == "v");
                 let vb = RecordView::new(sb.bytes(), rec_b, s_b.cell_count as usize)
                     .with_rotation(rot_b.get(job.cache as usize).map_or(0, |g| g[ki]));
@@ -551,14 +557,13 @@ pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> PyResult<Ar
     })
 }
 
-fn check_geometry(a: &StateFile, b: &StateFile) -> PyResult<()> {
+fn check_geometry(a: &StateFile, b: &StateFile) -> std::result::Result<(), Mismatch> {
     let (ca, cb) = (&a.layout.caches, &b.layout.caches);
     if ca.len() != cb.len() {
-        return Err(value_error(format!(
-            "A has {} KV caches, B has {}",
-            ca.len(),
-            cb.len()
-        )));
+        return Err(Mismatch::Caches {
+            a: ca.len(),
+            b: cb.len(),
+        });
     }
     for (i, (x, y)) in ca.iter().zip(cb).enumerate() {
         let shape = |c: &kvfast_core::Cache| -> Vec<(u64, Option<u64>)> {
@@ -575,18 +580,20 @@ fn check_geometry(a: &StateFile, b: &StateFile) -> PyResult<()> {
         };
         let (sx, sy) = (shape(x), shape(y));
         if sx.len() != sy.len() {
-            return Err(value_error(format!(
-                "cache {i}: A has {} layers, B has {}",
-                sx.len(),
-                sy.len()
-            )));
+            return Err(Mismatch::Layers {
+                cache: i,
+                a: sx.len(),
+                b: sy.len(),
+            });
         }
         for (l, (p, q)) in sx.iter().zip(&sy).enumerate() {
             if p != q {
-                return Err(value_error(format!(
-                    "cache {i} layer {l}: A has {:?} values per K/V row, B has {:?}",
-                    p, q
-                )));
+                return Err(Mismatch::Rows {
+                    cache: i,
+                    layer: l,
+                    a: *p,
+                    b: *q,
+                });
             }
         }
     }

@@ -1,11 +1,142 @@
-//! Python exceptions for core errors: field, offset and kind kept as attributes.
+//! The binding's errors, and the one place they become Python exceptions: core errors keep their
+//! KvfastError subclass (field, offset and kind as attributes) or OSError; every other error is a
+//! usage error, raised as ValueError.
 
-use kvfast_core::Error;
-use pyo3::create_exception;
 use std::path::Path;
 
-use pyo3::exceptions::{PyException, PyOSError};
+use kvfast_core::GgmlType;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyOSError, PyValueError};
 use pyo3::prelude::*;
+
+use crate::table::PlanError;
+
+/// What a binding call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading the state or a model: a KvfastError subclass, or OSError with the path.
+    #[error(transparent)]
+    Core(#[from] kvfast_core::Error),
+    /// The selection does not fit the state (head sizes, heads).
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// Two states that cannot be compared.
+    #[error(transparent)]
+    Mismatch(#[from] Mismatch),
+    #[error("the state is closed")]
+    Closed,
+    #[error("the state holds no cells")]
+    NoCells,
+    #[error("dtype must be None or 'float32', not {0:?}")]
+    Dtype(String),
+    #[error("kind must be 'k' or 'v', not {0:?}")]
+    Kind(String),
+    #[error("unknown cache type {0:?}: expected {list}", list = type_names())]
+    UnknownType(String),
+    #[error("{n} values are not whole {ty} blocks")]
+    NotWholeBlocks { n: usize, ty: GgmlType },
+    #[error("layer {layer} {kind} rows of {n} values are not whole {ty} blocks of {block}", block = .ty.block_len())]
+    RowsNotWholeBlocks {
+        layer: u32,
+        kind: &'static str,
+        n: usize,
+        ty: GgmlType,
+    },
+    /// quant_error's simulated rotation does not fit a row.
+    #[error("rotation group {group} does not divide the {n} values of layer {layer} {kind} rows")]
+    SimulatedRotation {
+        group: usize,
+        n: usize,
+        layer: u32,
+        kind: &'static str,
+    },
+    #[error("{given} rotation entries for {caches} caches")]
+    RotationEntries { given: usize, caches: usize },
+    #[error("rotation group {group} of cache {cache}: expected 0 or a power of two >= 64")]
+    RotationGroup { group: usize, cache: usize },
+    #[error("rotation group {group} does not divide the {n} values of cache {cache} layer {layer} {kind} rows")]
+    RotationDivide {
+        group: usize,
+        n: u64,
+        cache: usize,
+        layer: usize,
+        kind: &'static str,
+    },
+    #[error("no cache {0}")]
+    NoCache(usize),
+    #[error("cache {cache} has no stream {stream}")]
+    NoStream { cache: usize, stream: usize },
+    #[error("cache {cache} stream {stream} has {layers} layers, no layer {layer}")]
+    NoLayer {
+        cache: usize,
+        stream: usize,
+        layers: usize,
+        layer: usize,
+    },
+    #[error("layer {0} has no V record")]
+    NoV(usize),
+    #[error("range outside the state")]
+    OutsideState,
+    #[error(transparent)]
+    Arrow(#[from] arrow_schema::ArrowError),
+    /// An exception raised by Python itself (building dicts and lists).
+    #[error(transparent)]
+    Python(#[from] PyErr),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Why two states cannot be compared (raised as ValueError; kvfast.compare makes it a MatchError).
+#[derive(Debug, thiserror::Error)]
+pub enum Mismatch {
+    #[error("A has {a} KV caches, B has {b}")]
+    Caches { a: usize, b: usize },
+    #[error("cache {cache}: A has {a} layers, B has {b}")]
+    Layers { cache: usize, a: usize, b: usize },
+    #[error("cache {cache} layer {layer}: A has {a:?} values per K/V row, B has {b:?}")]
+    Rows {
+        cache: usize,
+        layer: usize,
+        a: (u64, Option<u64>),
+        b: (u64, Option<u64>),
+    },
+    #[error("cannot match the states: {missing} (sequence, position) pairs of A's cache {cache} stream {stream} have no cell in B (first: sequence {seq}, position {pos})", seq = .seq.map_or("none".to_string(), |q| q.to_string()))]
+    Cells {
+        missing: usize,
+        cache: u32,
+        stream: u32,
+        seq: Option<i32>,
+        pos: i32,
+    },
+}
+
+/// "f32, f16, ..., q5_1 or iq4_nl": every type a cache can hold.
+fn type_names() -> String {
+    let names: Vec<&str> = kvfast_core::types::ALL_TYPES
+        .iter()
+        .map(|t| t.name())
+        .collect();
+    match names.split_last() {
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+impl From<std::convert::Infallible> for Error {
+    fn from(e: std::convert::Infallible) -> Self {
+        match e {}
+    }
+}
+
+impl From<Error> for PyErr {
+    fn from(e: Error) -> PyErr {
+        match e {
+            Error::Core(e) => core_to_py(e),
+            Error::Python(e) => e,
+            other => PyValueError::new_err(other.to_string()),
+        }
+    }
+}
 
 create_exception!(
     _kvfast,
@@ -77,7 +208,8 @@ mod libc_errno {
 }
 
 /// Convert a core error; I/O errors stay `OSError` (and its subclasses), with the path.
-pub fn to_py(e: Error) -> PyErr {
+fn core_to_py(e: kvfast_core::Error) -> PyErr {
+    use kvfast_core::Error;
     let msg = e.to_string();
     let err = match &e {
         Error::Io(_) => {
@@ -108,11 +240,6 @@ pub fn to_py(e: Error) -> PyErr {
         }
     });
     err
-}
-
-/// A usage error (bad argument) raised as ValueError.
-pub fn value_error(msg: impl Into<String>) -> PyErr {
-    pyo3::exceptions::PyValueError::new_err(msg.into())
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -4,9 +4,9 @@ use kvfast_core::gguf::{read_metadata, Value};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::errors::to_py;
+use crate::errors::Result;
 
-fn to_object<'py>(py: Python<'py>, v: &Value) -> PyResult<Option<Bound<'py, PyAny>>> {
+fn to_object<'py>(py: Python<'py>, v: &Value) -> Result<Option<Bound<'py, PyAny>>> {
     Ok(Some(match v {
         Value::Int(i) => i.into_pyobject(py)?.into_any(),
         Value::Float(f) => f.into_pyobject(py)?.into_any(),
@@ -27,11 +27,8 @@ fn to_object<'py>(py: Python<'py>, v: &Value) -> PyResult<Option<Bound<'py, PyAn
 
 /// The key-value metadata of a GGUF file (arrays longer than 65,536 items, vocabularies, left out).
 #[pyfunction]
-pub fn gguf_metadata<'py>(
-    py: Python<'py>,
-    path: std::path::PathBuf,
-) -> PyResult<Bound<'py, PyDict>> {
-    let kv = py.detach(|| read_metadata(&path)).map_err(to_py)?;
+pub fn gguf_metadata<'py>(py: Python<'py>, path: std::path::PathBuf) -> Result<Bound<'py, PyDict>> {
+    let kv = py.detach(|| read_metadata(&path))?;
     let d = PyDict::new(py);
     for (k, v) in &kv {
         if let Some(o) = to_object(py, v)? {
@@ -44,7 +41,6 @@ pub fn gguf_metadata<'py>(
 /// A GGUF model's vocabulary (`tokenizer.ggml.tokens`, the piece of each token id), read from the
 /// header alone; None when the model has none.
 #[pyfunction]
-pub fn gguf_vocab(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Option<Vec<String>>> {
-    py.detach(|| kvfast_core::gguf::read_vocab(&path))
-        .map_err(to_py)
+pub fn gguf_vocab(py: Python<'_>, path: std::path::PathBuf) -> Result<Option<Vec<String>>> {
+    Ok(py.detach(|| kvfast_core::gguf::read_vocab(&path))?)
 }

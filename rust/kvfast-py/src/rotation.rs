@@ -3,19 +3,15 @@
 use kvfast_core::rotation::{k_group, v_group};
 use pyo3::prelude::*;
 
-use crate::errors::value_error;
+use crate::errors::{Error, Result};
 use crate::state::parse_kind;
 
 /// The group llama.cpp rotates `kind` rows of cache type `type_name` in, given the head size
 /// shared by every layer of the cache (None: it does not rotate them).
 #[pyfunction]
-pub fn rotation_group(
-    kind: &str,
-    type_name: &str,
-    head_dim: Option<u64>,
-) -> PyResult<Option<usize>> {
+pub fn rotation_group(kind: &str, type_name: &str, head_dim: Option<u64>) -> Result<Option<usize>> {
     let ty = kvfast_core::GgmlType::from_name(type_name)
-        .ok_or_else(|| value_error(format!("unknown cache type {type_name:?}")))?;
+        .ok_or_else(|| Error::UnknownType(type_name.to_string()))?;
     Ok(if parse_kind(kind)? == "k" {
         k_group(ty, head_dim)
     } else {

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::buf::{i32s, Buf};
-use crate::errors::{to_py, value_error};
+use crate::errors::{Error, Result};
 use crate::rows::{record_rows, Dtype, Out};
 use crate::stream::ArrowStream;
 use crate::table::{batches, Selection};
@@ -20,36 +20,32 @@ pub struct State {
     rotation: RwLock<Vec<[usize; 2]>>,
 }
 
-fn parse_dtype(dtype: Option<&str>) -> PyResult<Dtype> {
+fn parse_dtype(dtype: Option<&str>) -> Result<Dtype> {
     match dtype {
         None => Ok(Dtype::Stored),
         Some("float32") | Some("f32") => Ok(Dtype::F32),
-        Some(d) => Err(value_error(format!(
-            "dtype must be None or 'float32', not {d:?}"
-        ))),
+        Some(d) => Err(Error::Dtype(d.to_string())),
     }
 }
 
-pub(crate) fn parse_kind(kind: &str) -> PyResult<&'static str> {
+pub(crate) fn parse_kind(kind: &str) -> Result<&'static str> {
     match kind {
         "k" | "K" => Ok("k"),
         "v" | "V" => Ok("v"),
-        _ => Err(value_error(format!(
-            "kind must be 'k' or 'v', not {kind:?}"
-        ))),
+        _ => Err(Error::Kind(kind.to_string())),
     }
 }
 
 impl State {
     /// The walked state, checked unchanged on disk since open (every pass starts here).
-    pub(crate) fn get(&self) -> PyResult<Arc<StateFile>> {
+    pub(crate) fn get(&self) -> Result<Arc<StateFile>> {
         let sf = self
             .inner
             .read()
             .expect("lock")
             .clone()
-            .ok_or_else(|| value_error("the state is closed"))?;
-        sf.check_unchanged().map_err(to_py)?;
+            .ok_or(Error::Closed)?;
+        sf.check_unchanged()?;
         Ok(sf)
     }
 
@@ -71,27 +67,22 @@ impl State {
         stream: usize,
         layer: usize,
         kind: &str,
-    ) -> PyResult<&'a Record> {
-        let c = sf
-            .layout
-            .caches
-            .get(cache)
-            .ok_or_else(|| value_error(format!("no cache {cache}")))?;
+    ) -> Result<&'a Record> {
+        let c = sf.layout.caches.get(cache).ok_or(Error::NoCache(cache))?;
         let s = c
             .streams
             .get(stream)
-            .ok_or_else(|| value_error(format!("cache {cache} has no stream {stream}")))?;
-        let l = s.layers.get(layer).ok_or_else(|| {
-            value_error(format!(
-                "cache {cache} stream {stream} has {} layers, no layer {layer}",
-                s.layers.len()
-            ))
+            .ok_or(Error::NoStream { cache, stream })?;
+        let l = s.layers.get(layer).ok_or(Error::NoLayer {
+            cache,
+            stream,
+            layers: s.layers.len(),
+            layer,
         })?;
         if parse_kind(kind)? == "k" {
             Ok(&l.k)
         } else {
-            l.v.as_ref()
-                .ok_or_else(|| value_error(format!("layer {layer} has no V record")))
+            l.v.as_ref().ok_or(Error::NoV(layer))
         }
     }
 }
@@ -104,40 +95,35 @@ fn type_name(t: Option<GgmlType>) -> Option<&'static str> {
 impl State {
     #[new]
     #[pyo3(signature = (path, cell_ext=None, mmap=true))]
-    fn new(py: Python<'_>, path: PathBuf, cell_ext: Option<bool>, mmap: bool) -> PyResult<Self> {
+    fn new(py: Python<'_>, path: PathBuf, cell_ext: Option<bool>, mmap: bool) -> Result<Self> {
         let opts = WalkOptions { cell_ext };
-        let sf = py
-            .detach(|| {
-                if mmap {
-                    StateFile::open(&path, opts)
-                } else {
-                    StateFile::read(&path, opts)
-                }
-            })
-            .map_err(to_py)?;
+        let sf = py.detach(|| {
+            if mmap {
+                StateFile::open(&path, opts)
+            } else {
+                StateFile::read(&path, opts)
+            }
+        })?;
         Ok(State::wrap(sf))
     }
 
     /// Walk state bytes held in memory.
     #[staticmethod]
     #[pyo3(signature = (data, cell_ext=None))]
-    fn from_bytes(py: Python<'_>, data: Vec<u8>, cell_ext: Option<bool>) -> PyResult<Self> {
-        let sf = py
-            .detach(|| StateFile::from_bytes(data, WalkOptions { cell_ext }))
-            .map_err(to_py)?;
+    fn from_bytes(py: Python<'_>, data: Vec<u8>, cell_ext: Option<bool>) -> Result<Self> {
+        let sf = py.detach(|| StateFile::from_bytes(data, WalkOptions { cell_ext }))?;
         Ok(State::wrap(sf))
     }
 
     /// Read every value in the model's basis: per cache, the [K, V] groups to undo llama.cpp's
     /// rotation in (0: as stored). Groups must be powers of two >= 64 dividing the row.
-    fn set_rotation(&self, groups: Vec<[usize; 2]>) -> PyResult<()> {
+    fn set_rotation(&self, groups: Vec<[usize; 2]>) -> Result<()> {
         let sf = self.get()?;
         if groups.len() > sf.layout.caches.len() {
-            return Err(value_error(format!(
-                "{} rotation entries for {} caches",
-                groups.len(),
-                sf.layout.caches.len()
-            )));
+            return Err(Error::RotationEntries {
+                given: groups.len(),
+                caches: sf.layout.caches.len(),
+            });
         }
         for (ci, (g, cache)) in groups.iter().zip(&sf.layout.caches).enumerate() {
             for (ki, &n) in g.iter().enumerate() {
@@ -145,20 +131,23 @@ impl State {
                     continue;
                 }
                 if n < kvfast_core::rotation::MIN_GROUP || !n.is_power_of_two() {
-                    return Err(value_error(format!(
-                        "rotation group {n} of cache {ci}: expected 0 or a power of two >= 64"
-                    )));
+                    return Err(Error::RotationGroup {
+                        group: n,
+                        cache: ci,
+                    });
                 }
                 for s in &cache.streams {
                     for (li, l) in s.layers.iter().enumerate() {
                         let rec = if ki == 0 { Some(&l.k) } else { l.v.as_ref() };
                         if let Some(r) = rec {
                             if r.transposed || r.n_embd % n as u64 != 0 {
-                                return Err(value_error(format!(
-                                    "rotation group {n} does not divide the {} values of cache {ci} layer {li} {} rows",
-                                    r.n_embd,
-                                    ["k", "v"][ki]
-                                )));
+                                return Err(Error::RotationDivide {
+                                    group: n,
+                                    n: r.n_embd,
+                                    cache: ci,
+                                    layer: li,
+                                    kind: ["k", "v"][ki],
+                                });
                             }
                         }
                     }
@@ -186,12 +175,12 @@ impl State {
 
     /// Address of the first byte of the mapped state (to tell views of the map from copies).
     #[getter]
-    fn map_address(&self) -> PyResult<usize> {
+    fn map_address(&self) -> Result<usize> {
         Ok(self.get()?.bytes().as_ptr() as usize)
     }
 
     /// Container, version and the other scalars of the state.
-    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn info<'py>(&self, py: Python<'py>) -> Result<Bound<'py, PyDict>> {
         let sf = self.get()?;
         let l = &sf.layout;
         let d = PyDict::new(py);
@@ -229,19 +218,19 @@ impl State {
     }
 
     /// `n` f32 values starting at byte `offset` (logits, embeddings), copied.
-    fn floats_at(&self, offset: u64, n: u64) -> PyResult<Buf> {
+    fn floats_at(&self, offset: u64, n: u64) -> Result<Buf> {
         let sf = self.get()?;
         let end = offset
             .checked_add(n.saturating_mul(4))
             .filter(|e| *e <= sf.layout.size);
-        let end = end.ok_or_else(|| value_error("range outside the state"))?;
+        let end = end.ok_or(Error::OutsideState)?;
         Ok(Buf {
             data: arrow_buffer::Buffer::from(&sf.bytes()[offset as usize..end as usize]),
         })
     }
 
     /// Caches as lists of stream dicts (metadata arrays as little-endian i32 buffers).
-    fn caches<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    fn caches<'py>(&self, py: Python<'py>) -> Result<Bound<'py, PyList>> {
         let sf = self.get()?;
         let caches = PyList::empty(py);
         for c in &sf.layout.caches {
@@ -289,7 +278,7 @@ impl State {
     }
 
     /// The file's regions in file order, as columns.
-    fn regions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn regions<'py>(&self, py: Python<'py>) -> Result<Bound<'py, PyDict>> {
         let sf = self.get()?;
         let rs = sf.layout.regions();
         let d = PyDict::new(py);
@@ -321,7 +310,7 @@ impl State {
         kind: &str,
         dtype: Option<&str>,
         stored: bool,
-    ) -> PyResult<(Buf, &'static str, usize, usize, bool)> {
+    ) -> Result<(Buf, &'static str, usize, usize, bool)> {
         let sf = self.get()?;
         let dtype = parse_dtype(dtype)?;
         let rec = Self::record(&sf, cache, stream, layer, kind)?.clone();
@@ -356,11 +345,11 @@ impl State {
         head_dim_v: Option<u64>,
         model_layers: Option<Vec<Vec<i32>>>,
         with_values: bool,
-    ) -> PyResult<ArrowStream> {
+    ) -> Result<ArrowStream> {
         let sf = self.get()?;
         let kinds = match kinds {
             None => vec!["k", "v"],
-            Some(ks) => ks.iter().map(|k| parse_kind(k)).collect::<PyResult<_>>()?,
+            Some(ks) => ks.iter().map(|k| parse_kind(k)).collect::<Result<_>>()?,
         };
         let sel = Selection {
             caches,
@@ -375,9 +364,7 @@ impl State {
             rotation: self.rotation_groups(),
         };
         let seq_default = sf.layout.seq_id;
-        let (schema, batches) = py
-            .detach(|| batches(&sf, &sel, seq_default))
-            .map_err(value_error)?;
+        let (schema, batches) = py.detach(|| batches(&sf, &sel, seq_default))?;
         Ok(ArrowStream { schema, batches })
     }
 }

@@ -1,5 +1,6 @@
 //! The long value table: one row per (cache, stream, layer, kind, cell, sequence, head).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use arrow_array::{
@@ -9,7 +10,31 @@ use arrow_buffer::{Buffer, MutableBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
 use kvfast_core::{Record, StateFile, Stream};
 
+use crate::errors::Result;
 use crate::rows::{out_type, record_rows, Dtype, Out, Rows};
+
+/// A selection that does not fit the state's records.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("head_dim must be positive")]
+    HeadDimZero,
+    #[error("head_dim {head_dim} does not divide the {n} values per {kind} row of layer {layer}")]
+    HeadDim {
+        head_dim: u64,
+        n: u64,
+        kind: &'static str,
+        layer: u32,
+    },
+    #[error("head {head} out of range: layer {layer} {kind} has {n} heads")]
+    Head {
+        head: u32,
+        layer: u32,
+        kind: &'static str,
+        n: usize,
+    },
+    #[error("the selected records have different head sizes {0:?}: select kinds=['k'] or ['v'] separately")]
+    HeadSizes(BTreeSet<usize>),
+}
 
 /// Which records and heads to put in the table.
 pub struct Selection {
@@ -40,14 +65,21 @@ pub struct Job<'a> {
     pub rotation: usize,
 }
 
-fn head_dim(rec: &Record, given: Option<u64>, kind: &str, layer: u32) -> Result<usize, String> {
+fn head_dim(
+    rec: &Record,
+    given: Option<u64>,
+    kind: &'static str,
+    layer: u32,
+) -> std::result::Result<usize, PlanError> {
     match given {
         None => Ok(rec.n_embd as usize),
-        Some(0) => Err("head_dim must be positive".into()),
-        Some(h) if rec.n_embd % h != 0 => Err(format!(
-            "head_dim {h} does not divide the {} values per {kind} row of layer {layer}",
-            rec.n_embd
-        )),
+        Some(0) => Err(PlanError::HeadDimZero),
+        Some(h) if rec.n_embd % h != 0 => Err(PlanError::HeadDim {
+            head_dim: h,
+            n: rec.n_embd,
+            kind,
+            layer,
+        }),
         Some(h) => Ok(h as usize),
     }
 }
@@ -86,19 +118,20 @@ pub fn schema(out: Out, head_dim: usize) -> SchemaRef {
 
 /// The values column of the selected records: one head size (K and V of different sizes cannot
 /// share a fixed-size column) and f16 only when every record is f16 kept as stored.
-fn plan(jobs: &[Job], dtype: Dtype) -> Result<(Out, usize), String> {
-    let dims: std::collections::BTreeSet<usize> = jobs.iter().map(|j| j.head_dim).collect();
+fn plan(jobs: &[Job], dtype: Dtype) -> std::result::Result<(Out, usize), PlanError> {
+    let dims: BTreeSet<usize> = jobs.iter().map(|j| j.head_dim).collect();
     if dims.len() > 1 {
-        return Err(format!(
-            "the selected records have different head sizes {dims:?}: select kinds=['k'] or ['v'] separately"
-        ));
+        return Err(PlanError::HeadSizes(dims));
     }
     let hd = dims.into_iter().next().unwrap_or(1);
     let all_f16 = !jobs.is_empty() && jobs.iter().all(|j| out_type(j.rec.ty, dtype) == Out::F16);
     Ok((if all_f16 { Out::F16 } else { Out::F32 }, hd))
 }
 
-pub fn jobs<'a>(sf: &'a StateFile, sel: &Selection) -> Result<Vec<Job<'a>>, String> {
+pub fn jobs<'a>(
+    sf: &'a StateFile,
+    sel: &Selection,
+) -> std::result::Result<Vec<Job<'a>>, PlanError> {
     let mut out = Vec::new();
     for (ci, cache) in sf.layout.caches.iter().enumerate() {
         let ci = ci as u32;
@@ -122,9 +155,12 @@ pub fn jobs<'a>(sf: &'a StateFile, sel: &Selection) -> Result<Vec<Job<'a>>, Stri
                     if let Some(hs) = &sel.heads {
                         let n = rec.n_embd as usize / head_dim;
                         if let Some(h) = hs.iter().find(|h| **h as usize >= n) {
-                            return Err(format!(
-                                "head {h} out of range: layer {li} {kind} has {n} heads"
-                            ));
+                            return Err(PlanError::Head {
+                                head: *h,
+                                layer: li,
+                                kind,
+                                n,
+                            });
                         }
                     }
                     let ki = usize::from(*kind == "v");
@@ -149,7 +185,7 @@ pub fn batches(
     sf: &StateFile,
     sel: &Selection,
     seq_default: Option<i32>,
-) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
+) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let jobs = jobs(sf, sel)?;
     let (out_ty, hd) = plan(&jobs, sel.dtype)?;
     let full = schema(out_ty, hd);
@@ -164,10 +200,7 @@ pub fn batches(
     let schema = if sel.with_values {
         full
     } else {
-        Arc::new(
-            full.project(&(0..VALUES).collect::<Vec<_>>())
-                .map_err(|e| e.to_string())?,
-        )
+        Arc::new(full.project(&(0..VALUES).collect::<Vec<_>>())?)
     };
     let mut out = Vec::new();
     for job in jobs {
@@ -202,7 +235,7 @@ fn batch(
     seq_default: Option<i32>,
     model_layer: Option<i32>,
     (item, hd): (&FieldRef, usize),
-) -> Result<RecordBatch, String> {
+) -> Result<RecordBatch> {
     let s = job.stream;
     let n_heads = job.rec.n_embd as usize / hd;
     let all_heads: Vec<u32> = (0..n_heads as u32).collect();
@@ -212,7 +245,7 @@ fn batch(
     if let Some(rows) = rows {
         columns.push(values(item, rows, &pairs, heads, hd)?);
     }
-    RecordBatch::try_new(schema.clone(), columns).map_err(|e| e.to_string())
+    Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
 
 /// The values of the selected (cell, sequence) pairs and heads, as a fixed-size list column: the
@@ -223,7 +256,7 @@ fn values(
     pairs: &[(usize, Option<i32>)],
     heads: &[u32],
     hd: usize,
-) -> Result<ArrayRef, String> {
+) -> Result<ArrayRef> {
     let n_heads = rows.n_embd / hd;
     let n = pairs.len() * heads.len();
     let identity = pairs.len() == rows.cells && heads.len() == n_heads;
@@ -251,8 +284,7 @@ fn values(
             None,
         )),
     };
-    let list = FixedSizeListArray::try_new(item.clone(), hd as i32, values, None)
-        .map_err(|e| e.to_string())?;
+    let list = FixedSizeListArray::try_new(item.clone(), hd as i32, values, None)?;
     Ok(Arc::new(list))
 }
 
