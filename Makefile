@@ -23,8 +23,11 @@ install: $(PY)
 # The whole test suite: Rust unit tests, lint and type checks, Python tests.
 test: install test-rust lint test-python
 
+# The core's tests and the binding's: kvfast-py's test binary links because pyo3's
+# extension-module feature is turned on by maturin alone (pyproject's [tool.maturin] features),
+# never in Cargo.toml.
 test-rust:
-	cargo test -p kvfast-core
+	cargo test --workspace
 
 test-python:
 	cd tests && KVFAST_REQUIRE_PROBE=1 ../$(PY) -m pytest -q ..

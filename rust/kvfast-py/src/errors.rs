@@ -255,3 +255,67 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FileChangedError", py.get_type::<FileChangedError>())?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_errors_say_what_was_expected() {
+        assert_eq!(
+            Error::UnknownType("q3_k".into()).to_string(),
+            "unknown cache type \"q3_k\": expected f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl"
+        );
+        assert_eq!(
+            Error::RowsNotWholeBlocks {
+                layer: 2,
+                kind: "v",
+                n: 48,
+                ty: GgmlType::Q8_0
+            }
+            .to_string(),
+            "layer 2 v rows of 48 values are not whole q8_0 blocks of 32"
+        );
+        assert_eq!(
+            Error::from(PlanError::HeadSizes([64, 128].into())).to_string(),
+            "the selected records have different head sizes {64, 128}: select kinds=['k'] or ['v'] separately"
+        );
+    }
+
+    #[test]
+    fn mismatches_name_the_first_unmatched_cell() {
+        let e = Mismatch::Cells {
+            missing: 3,
+            cache: 0,
+            stream: 1,
+            seq: None,
+            pos: 7,
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot match the states: 3 (sequence, position) pairs of A's cache 0 stream 1 have no cell in B (first: sequence none, position 7)"
+        );
+        let e = Mismatch::Rows {
+            cache: 1,
+            layer: 0,
+            a: (64, Some(64)),
+            b: (64, None),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cache 1 layer 0: A has (64, Some(64)) values per K/V row, B has (64, None)"
+        );
+    }
+
+    #[test]
+    fn core_errors_stay_core_errors() {
+        let e = kvfast_core::StateFile::from_bytes(vec![1, 2, 3], Default::default())
+            .err()
+            .expect("three bytes are no state");
+        let kind = e.kind();
+        match Error::from(e) {
+            Error::Core(c) => assert_eq!(c.kind(), kind),
+            other => panic!("expected a core error, got {other:?}"),
+        }
+    }
+}

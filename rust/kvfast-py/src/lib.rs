@@ -10,6 +10,8 @@ mod rows;
 mod state;
 mod stream;
 mod table;
+#[cfg(test)]
+mod testing;
 
 use pyo3::prelude::*;
 

@@ -106,3 +106,37 @@ pub fn record_rows(
         zero_copy,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{state, value};
+
+    #[test]
+    fn aligned_f16_rows_are_a_view_of_the_bytes() {
+        let sf = state(2, 1, 8, GgmlType::F16);
+        let rec = &sf.layout.caches[0].streams[0].layers[0].k;
+        let r = record_rows(&sf, rec, 2, Dtype::Stored, 0);
+        assert_eq!((r.out, r.n_embd, r.cells), (Out::F16, 8, 2));
+        let at = sf.bytes()[rec.data_offset as usize..].as_ptr();
+        assert_eq!(r.zero_copy, (at as usize) % 2 == 0);
+        if r.zero_copy {
+            assert_eq!(r.buf.as_ptr(), at);
+        }
+        let f = record_rows(&sf, rec, 2, Dtype::F32, 0);
+        assert!(!f.zero_copy);
+        let vals: &[f32] = f.buf.typed_data();
+        assert_eq!(vals[8 + 3], value(1, 0, "k", 3));
+    }
+
+    #[test]
+    fn quantized_rows_decode_to_f32() {
+        let sf = state(1, 1, 32, GgmlType::Q8_0);
+        let rec = &sf.layout.caches[0].streams[0].layers[0].k;
+        assert_eq!(out_type(rec.ty, Dtype::Stored), Out::F32);
+        let r = record_rows(&sf, rec, 1, Dtype::Stored, 0);
+        assert!(!r.zero_copy);
+        let vals: &[f32] = r.buf.typed_data();
+        assert_eq!(vals[31], value(0, 0, "k", 31));
+    }
+}

@@ -368,3 +368,21 @@ impl State {
         Ok(ArrowStream { schema, batches })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_dtypes() {
+        assert_eq!(parse_kind("K").unwrap(), "k");
+        assert_eq!(parse_kind("v").unwrap(), "v");
+        assert_eq!(
+            parse_kind("q").err().unwrap().to_string(),
+            "kind must be 'k' or 'v', not \"q\""
+        );
+        assert_eq!(parse_dtype(None).unwrap(), Dtype::Stored);
+        assert_eq!(parse_dtype(Some("f32")).unwrap(), Dtype::F32);
+        assert!(matches!(parse_dtype(Some("f16")), Err(Error::Dtype(_))));
+    }
+}

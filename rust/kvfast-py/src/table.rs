@@ -376,3 +376,125 @@ pub fn model_layer(sf: &StateFile, sel: &Selection, cache: u32, layer: u32) -> O
         None => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{state, value};
+    use arrow_array::Array;
+    use kvfast_core::GgmlType;
+
+    fn selection(heads: Option<Vec<u32>>, dtype: Dtype, with_values: bool) -> Selection {
+        Selection {
+            caches: None,
+            layers: None,
+            kinds: vec!["k", "v"],
+            heads,
+            dtype,
+            head_dim_k: Some(4),
+            head_dim_v: Some(4),
+            model_layers: None,
+            with_values,
+            rotation: vec![],
+        }
+    }
+
+    fn values_of(b: &RecordBatch) -> Vec<f32> {
+        let list = b
+            .column(VALUES)
+            .as_any()
+            .downcast_ref::<FixedSizeListArray>()
+            .unwrap();
+        let v = list.values();
+        if let Some(h) = v.as_any().downcast_ref::<Float16Array>() {
+            h.values().iter().map(|x| x.to_f32()).collect()
+        } else {
+            let f = v.as_any().downcast_ref::<Float32Array>().unwrap();
+            f.values().to_vec()
+        }
+    }
+
+    #[test]
+    fn f16_records_stay_f16_one_row_per_cell_and_head() {
+        let sf = state(3, 2, 8, GgmlType::F16);
+        let (schema, out) = batches(&sf, &selection(None, Dtype::Stored, true), Some(0)).unwrap();
+        let DataType::FixedSizeList(item, 4) = schema.field(VALUES).data_type() else {
+            panic!("values of 4 per head")
+        };
+        assert_eq!(item.data_type(), &DataType::Float16);
+        assert_eq!(out.len(), 4); // 2 layers x K, V
+        let b = &out[1]; // K of layer 1 (kinds outside, layers inside)
+        assert_eq!(b.num_rows(), 3 * 2);
+        let want: Vec<f32> = (0..3)
+            .flat_map(|c| (0..8).map(move |j| value(c, 1, "k", j)))
+            .collect();
+        assert_eq!(values_of(b), want);
+        let model_layer = b.column(3).as_any().downcast_ref::<Int32Array>().unwrap();
+        assert_eq!(model_layer.value(0), 1); // one cache: the layer itself
+    }
+
+    #[test]
+    fn chosen_heads_are_gathered_and_float32_decodes() {
+        let sf = state(2, 1, 8, GgmlType::F16);
+        let (schema, out) =
+            batches(&sf, &selection(Some(vec![1]), Dtype::F32, true), None).unwrap();
+        let DataType::FixedSizeList(item, 4) = schema.field(VALUES).data_type() else {
+            panic!("values of 4 per head")
+        };
+        assert_eq!(item.data_type(), &DataType::Float32);
+        let v = &out[1]; // V of layer 0
+        let want: Vec<f32> = (0..2)
+            .flat_map(|c| (4..8).map(move |j| value(c, 0, "v", j)))
+            .collect();
+        assert_eq!(values_of(v), want);
+        let head = v.column(8).as_any().downcast_ref::<Int32Array>().unwrap();
+        assert_eq!(head.values().to_vec(), vec![1, 1]);
+    }
+
+    #[test]
+    fn a_quantized_record_makes_the_column_float32_and_index_only_has_no_values() {
+        let sf = state(1, 1, 32, GgmlType::Q8_0);
+        let sel = Selection {
+            head_dim_k: Some(32),
+            head_dim_v: Some(32),
+            ..selection(None, Dtype::Stored, true)
+        };
+        let (schema, out) = batches(&sf, &sel, None).unwrap();
+        let DataType::FixedSizeList(item, 32) = schema.field(VALUES).data_type() else {
+            panic!("values of 32 per head")
+        };
+        assert_eq!(item.data_type(), &DataType::Float32);
+        let want: Vec<f32> = (0..32).map(|j| value(0, 0, "k", j)).collect();
+        assert_eq!(values_of(&out[0]), want);
+        let sel = Selection {
+            with_values: false,
+            ..sel
+        };
+        let (schema, out) = batches(&sf, &sel, None).unwrap();
+        assert_eq!(schema.fields().len(), VALUES);
+        assert_eq!(out[0].num_columns(), VALUES);
+    }
+
+    #[test]
+    fn a_head_size_that_does_not_divide_is_refused() {
+        let sf = state(1, 1, 8, GgmlType::F16);
+        let sel = Selection {
+            head_dim_k: Some(3),
+            ..selection(None, Dtype::Stored, true)
+        };
+        let e = batches(&sf, &sel, None).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "head_dim 3 does not divide the 8 values per k row of layer 0"
+        );
+    }
+
+    #[test]
+    fn repeated_strings_and_optional_ints() {
+        let s = repeated_str("v", 3);
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![Some("v"); 3]);
+        assert!(optional_i32(vec![Some(1), Some(2)]).nulls().is_none());
+        let o = optional_i32(vec![Some(1), None]);
+        assert_eq!(o.null_count(), 1);
+    }
+}
