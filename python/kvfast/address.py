@@ -4,20 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvfast import select
+from kvfast import ggml, select
 from kvfast.errors import SelectionError
 from kvfast.structure import Cache, Layer, Stream
 
-# bytes per block, and where a value's quant byte sits in its block (after d, m, qh)
-_QUANT = {
-    "q8_0": (34, 2),
-    "q4_0": (18, 2),
-    "iq4_nl": (18, 2),
-    "q4_1": (20, 4),
-    "q5_0": (22, 6),
-    "q5_1": (24, 8),
-}
-_FLOAT = {"f32": 4, "f16": 2, "bf16": 2}
+# From the one type table: bytes per value of the float types; bytes per block and where the
+# quants start in a block of the quantized ones.
+_FLOAT = {n: t.block_bytes for n, t in ggml.TYPES.items() if t.block_len == 1}
+_QUANT = {n: (t.block_bytes, t.quants_at) for n, t in ggml.TYPES.items() if t.block_len > 1}
 
 
 @dataclass(frozen=True)
@@ -80,11 +74,7 @@ def locate(rec: RecordRef, cell: int, head: int, elem: int, head_dim: int | None
 
 def value_byte(type_name: str, index: int) -> int:
     """Offset within a row of the byte holding value `index` (for 4- and 5-bit types: its low bits)."""
-    if type_name in _FLOAT:
-        return index * _FLOAT[type_name]
-    block_bytes, quants = _QUANT[type_name]
-    i = index % 32
-    return index // 32 * block_bytes + quants + (i if type_name == "q8_0" else i % 16)
+    return ggml.value_byte(type_name, index)
 
 
 def file_offset(w: Where) -> int:

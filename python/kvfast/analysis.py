@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 
-from kvfast import _kvfast
+from kvfast import _kvfast, ggml
 from kvfast import select as checks
 from kvfast.errors import KvfastError
 from kvfast.rotation import RotationWarning
@@ -121,7 +121,7 @@ def simulated_rotation(dump: Dump, type: str) -> tuple[int, int]:
             out.append(_kvfast.rotation_group(kind, type, head_dim) or 0)
             continue
         found = [r.group for r in dump._rotation if r.kind == kind and r.group]
-        if type in ("f32", "f16", "bf16"):
+        if ggml.is_float(type):
             out.append(0)
         elif found:
             # a state rotated in group g has a head size g divides (and, for K, 2g does not)

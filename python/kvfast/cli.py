@@ -13,7 +13,7 @@ from typing import Any
 import polars as pl
 
 import kvfast
-from kvfast import cli_views
+from kvfast import cli_views, ggml
 from kvfast.cli_args import BROKEN_PIPE, USAGE, non_negative_int
 from kvfast.dump import Dump
 
@@ -114,7 +114,7 @@ def _print_info(d: dict[str, Any]) -> None:
                     f"{ly['n_embd_v'] or 0:>7}  {ly['k_offset']:>12,}  {ly['v_offset'] or 0:>12,}"
                 )
     for r in d["rotation"]:
-        if r["undone"] or r["type"] not in ("f32", "f16", "bf16"):
+        if r["undone"] or not ggml.is_float(r["type"]):
             state = f"undone (groups of {r['group']})" if r["undone"] else "values as stored"
             doubt = "" if r["certain"] else " [undecided: see --rotation]"
             print(
@@ -324,7 +324,7 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("model", help="a GGUF model")
     pr.add_argument("prompts", help="a text file (one prompt a line) or JSONL (id, prompt or tokens)")
     pr.add_argument("-o", "--output", required=True, help="output folder")
-    types = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
+    types = list(ggml.TYPES)
     pr.add_argument("--ctk", choices=types, default="f16", help="K cache type")
     pr.add_argument("--ctv", choices=types, default="f16", help="V cache type")
     pr.add_argument("--fa", choices=["on", "off"], default="on", help="flash attention (off: V transposed)")

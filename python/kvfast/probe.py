@@ -23,20 +23,10 @@ import numpy as np
 import polars as pl
 
 from kvfast import _kvfast
+from kvfast.ggml import TYPES
 from kvfast.model import ModelGeometry
 
 MANIFEST = "manifest.parquet"
-TYPE_IDS = {
-    "f32": 0,
-    "f16": 1,
-    "q4_0": 2,
-    "q4_1": 3,
-    "q5_0": 6,
-    "q5_1": 7,
-    "q8_0": 8,
-    "iq4_nl": 20,
-    "bf16": 30,
-}
 
 
 @dataclass
@@ -117,8 +107,8 @@ class Runner:
         verbose: bool = False,
     ) -> None:
         for t in (ctk, ctv):
-            if t not in TYPE_IDS:
-                raise ValueError(f"unknown cache type {t!r}: one of {', '.join(TYPE_IDS)}")
+            if t not in TYPES:
+                raise ValueError(f"unknown cache type {t!r}: one of {', '.join(TYPES)}")
         L = self.L = _llama(verbose)
         L.llama_backend_init()
         mp = L.llama_model_default_params()
@@ -131,8 +121,8 @@ class Runner:
         cp.n_batch = n_ctx
         cp.n_ubatch = min(n_ctx, 512)
         cp.n_seq_max = parallel
-        cp.type_k = TYPE_IDS[ctk]
-        cp.type_v = TYPE_IDS[ctv]
+        cp.type_k = TYPES[ctk].id
+        cp.type_v = TYPES[ctv].id
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.kv_unified = unified
         cp.n_threads = cp.n_threads_batch = os.cpu_count() or 1

@@ -13,18 +13,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-TYPES = {
-    # name: (id, values per block, bytes per block)
-    "f32": (0, 1, 4),
-    "f16": (1, 1, 2),
-    "bf16": (30, 1, 2),
-    "q8_0": (8, 32, 34),
-    "q4_0": (2, 32, 18),
-    "q4_1": (3, 32, 20),
-    "q5_0": (6, 32, 22),
-    "q5_1": (7, 32, 24),
-    "iq4_nl": (20, 32, 18),
-}
+from kvfast.ggml import TYPES
 
 GGSQ_MAGIC = 0x67677371
 GGSN_MAGIC = 0x6767736E
@@ -32,7 +21,7 @@ IO_MAGIC = 0xAF143CD8
 
 
 def row_bytes(type_name: str, n: int) -> int:
-    _, bl, bb = TYPES[type_name]
+    bl, bb = TYPES[type_name].block_len, TYPES[type_name].block_bytes
     if n % bl:
         raise ValueError(f"{n} values are not whole {type_name} blocks of {bl}")
     return n // bl * bb
@@ -47,7 +36,7 @@ def random_rows(type_name: str, cells: int, n: int, rng: np.random.Generator) ->
     if type_name == "bf16":
         f = rng.standard_normal(cells * n, dtype=np.float32)
         return (f.view("<u4") >> 16).astype("<u2").tobytes()
-    _, bl, bb = TYPES[type_name]
+    bl, bb = TYPES[type_name].block_len, TYPES[type_name].block_bytes
     blocks = rng.integers(0, 256, size=(cells * n // bl, bb), dtype=np.uint8)
     scales = (rng.random(blocks.shape[0], dtype=np.float32) * np.float32(0.05) + np.float32(0.001)).astype(
         "<f2"
@@ -94,15 +83,15 @@ def write_cache(
         f.write(struct.pack(f"<{len(seq_ids[i])}i", *seq_ids[i]))
     f.write(struct.pack("<II", int(v_trans), n_layer))
     for _ in range(n_layer):
-        f.write(struct.pack("<iQ", TYPES[k_type][0], row_bytes(k_type, n_embd_k)))
+        f.write(struct.pack("<iQ", TYPES[k_type].id, row_bytes(k_type, n_embd_k)))
         _write_rows(f, k_type, cells, n_embd_k, rng)
     for _ in range(n_layer):
         if v_trans:
-            if TYPES[v_type][1] != 1:
+            if TYPES[v_type].block_len != 1:
                 raise ValueError("only f32, f16 and bf16 V can be transposed")
-            f.write(struct.pack("<iII", TYPES[v_type][0], TYPES[v_type][2], n_embd_v))
+            f.write(struct.pack("<iII", TYPES[v_type].id, TYPES[v_type].block_bytes, n_embd_v))
         else:
-            f.write(struct.pack("<iQ", TYPES[v_type][0], row_bytes(v_type, n_embd_v)))
+            f.write(struct.pack("<iQ", TYPES[v_type].id, row_bytes(v_type, n_embd_v)))
         _write_rows(f, v_type, cells, n_embd_v, rng)
 
 

@@ -87,6 +87,20 @@ impl GgmlType {
         }
     }
 
+    /// Offset in a block of its first quant byte, after the f16 scale d, the f16 min m (q4_1,
+    /// q5_1) and the 32 high bits qh (q5_0, q5_1); 0 for the float types. The quants that follow
+    /// hold one value a byte (q8_0) or two, value j in the low nibble of byte j and value j + 16
+    /// in its high nibble (the 4- and 5-bit types).
+    pub fn quants_at(self) -> usize {
+        match self {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => 0,
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Iq4Nl => 2,
+            GgmlType::Q4_1 => 4,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 8,
+        }
+    }
+
     /// A plain float type (the only ones V may be stored transposed in).
     pub fn is_float(self) -> bool {
         self.block_len() == 1
@@ -129,4 +143,36 @@ pub fn type_list() -> String {
         .map(|t| format!("{} ({})", t.id(), t.name()))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_names_round_trip() {
+        for t in ALL_TYPES {
+            assert_eq!(GgmlType::from_id(t.id()), Some(t));
+            assert_eq!(GgmlType::from_name(t.name()), Some(t));
+        }
+        assert_eq!(GgmlType::from_id(4), None); // q4_2, long gone
+        assert_eq!(GgmlType::from_name("q4_k"), None);
+    }
+
+    #[test]
+    fn quants_fill_the_rest_of_a_block() {
+        for t in ALL_TYPES {
+            let quant_bytes = t.block_bytes() - t.quants_at();
+            if t.is_float() {
+                assert_eq!((t.block_len(), t.quants_at()), (1, 0));
+            } else if t == GgmlType::Q8_0 {
+                assert_eq!(quant_bytes, t.block_len());
+            } else {
+                assert_eq!(quant_bytes * 2, t.block_len(), "{t}");
+            }
+        }
+        assert_eq!(GgmlType::Q5_1.row_bytes(64), Some(48));
+        assert_eq!(GgmlType::Q8_0.row_bytes(48), None);
+        assert_eq!(GgmlType::Q4_0.values_in(36), Some(64));
+    }
 }

@@ -12,6 +12,7 @@ mod stream;
 mod table;
 #[cfg(test)]
 mod testing;
+mod types;
 
 use pyo3::prelude::*;
 
@@ -29,6 +30,7 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(analysis::quantize, m)?)?;
     m.add_function(wrap_pyfunction!(analysis::compare, m)?)?;
     m.add_function(wrap_pyfunction!(rotation::rotation_group, m)?)?;
+    m.add_function(wrap_pyfunction!(types::ggml_types, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
