@@ -170,6 +170,9 @@ pub fn walk(buf: &[u8], opts: WalkOptions) -> Result<Layout> {
             ))
         }
         _ => {
+            if let Some(e) = not_a_state(buf, magic) {
+                return Err(e);
+            }
             // No magic: a raw whole-context state (arch first) or raw sequence bytes of an
             // older build. Every reading is tried; exactly one must consume the bytes.
             let cur0 = Cursor::new(buf, 0);
@@ -199,6 +202,38 @@ pub fn walk(buf: &[u8], opts: WalkOptions) -> Result<Layout> {
         }
     }
     choose(buf, candidates, opts, None)
+}
+
+/// Bytes with no magic whose first word begins no reading (an arch name length, a stream count,
+/// or a cell count whose cells fit in the bytes) are not a llama.cpp state: say so, rather than
+/// how one reading failed (a text file read as a count of 1.8 billion cells).
+fn not_a_state(buf: &[u8], first: u32) -> Option<Error> {
+    let arch = (1..=MAX_ARCH_LEN).contains(&first);
+    let streams = (1..=MAX_SEQ).contains(&first);
+    // a cell takes at least 8 bytes (its position and its sequence count)
+    let cells = u64::from(first) * 8 <= buf.len().saturating_sub(4) as u64;
+    if arch || streams || cells {
+        return None;
+    }
+    let start: String = buf
+        .iter()
+        .take(8)
+        .map(|&b| match b {
+            b' '..=b'~' => b as char,
+            _ => '.',
+        })
+        .collect();
+    Some(Error::format(
+        "magic",
+        0,
+        "a llama.cpp state (GGSQ, GGSN, io magic or raw state bytes)",
+        format!(
+            "{first:#010x} (\"{start}\"): not a llama.cpp state (no magic, and the first word is no arch \
+             name length 1 to {MAX_ARCH_LEN}, stream count 1 to {MAX_SEQ} nor count of cells that \
+             fit in the file's {} bytes)",
+            buf.len()
+        ),
+    ))
 }
 
 /// Arch string, then for older states the outputs, logits and embeddings.
