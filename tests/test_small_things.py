@@ -3,8 +3,10 @@
 from pathlib import Path
 
 import pytest
+from conftest import DATA
 
 import kvfast
+from kvfast import synth
 from kvfast.cli import main
 
 
@@ -19,3 +21,36 @@ def test_a_text_file_is_not_a_state(tmp_path: Path, text: str, capsys: pytest.Ca
     assert main(["info", str(f)]) == 1
     err = capsys.readouterr().err
     assert "not a llama.cpp state" in err and "cells" not in err.split("(no magic")[0]
+
+
+def test_reprs_of_caches_and_streams_are_short(tmp_path: Path) -> None:
+    path = tmp_path / "long.bin"
+    synth.write_state(path, cells=7700, n_layer=18)
+    with kvfast.open(path) as d:
+        text = repr(d.caches)
+        assert len(text) < 300, text
+        assert "cells=7700" in text and "pos=0..7699" in text and "seq_ids=[0]" in text
+        assert "layers=18" in text and "n_layer=18" in text
+        assert len(repr(d.caches[0].streams[0])) < 120
+
+
+def test_dump_html_in_notebooks() -> None:
+    q8 = DATA / "qwen3hd128-q8_0-fa/seq-0.ggsq"
+    with kvfast.open(q8, model=DATA / "models/tiny-qwen3-hd128.gguf") as d:
+        page = d._repr_html_()
+    assert "head_dim K 128" in page and "q8_0 x 256" in page and "undone (groups of 128)" in page
+    d = kvfast.open(kvfast.sample_path())
+    page = d._repr_html_()
+    assert page.startswith("<div>") and page.endswith("</div>")
+    assert "ggsq v3" in page and "148,156 bytes" in page and "layers 0-14" in page and "f16 x 256" in page
+    assert "<script" not in page
+    d.close()
+    assert "(closed)" in d._repr_html_()
+
+
+def test_dump_html_escapes_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "<b>x&y.bin"
+    synth.write_state(path)
+    with kvfast.open(path) as d:
+        page = d._repr_html_()
+    assert "&lt;b&gt;x&amp;y.bin" in page and "<b>x&y" not in page

@@ -152,6 +152,12 @@ class Dump:
             f"caches={len(self._caches)} size={self.size}>"
         )
 
+    def _repr_html_(self) -> str:
+        """A short HTML summary for notebooks (see :mod:`kvfast.display`)."""
+        from kvfast.display import dump_html
+
+        return dump_html(self)
+
     # -- scalars -------------------------------------------------------------------------------
     @property
     def size(self) -> int:

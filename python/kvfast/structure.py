@@ -42,6 +42,17 @@ class Stream:
     v_trans: bool
     layers: list[Layer] = field(repr=False)
 
+    def __repr__(self) -> str:
+        # short whatever the cell count: the arrays are summarized, not printed
+        seqs = sorted({q for ids in self.seq_ids for q in ids})
+        shown = ", ".join(map(str, seqs[:8])) + (f", ... ({len(seqs)})" if len(seqs) > 8 else "")
+        pos = f"{self.pos.min()}..{self.pos.max()}" if self.cell_count else "-"
+        ext = "" if self.ext is None else ", ext"
+        return (
+            f"Stream(index={self.index}, cells={self.cell_count}, pos={pos}, seq_ids=[{shown}],"
+            f" layers={len(self.layers)}, v_trans={self.v_trans}{ext})"
+        )
+
 
 @dataclass(frozen=True)
 class Cache:
@@ -54,6 +65,11 @@ class Cache:
     @property
     def n_layer(self) -> int:
         return max((len(s.layers) for s in self.streams), default=0)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(map(repr, self.streams[:4]))
+        more = f", ... {len(self.streams) - 4} more" if len(self.streams) > 4 else ""
+        return f"Cache(index={self.index}, offset={self.offset}, n_layer={self.n_layer}, streams=[{shown}{more}])"
 
 
 def _i32(buf: _kvfast.Buf) -> npt.NDArray[np.int32]:
