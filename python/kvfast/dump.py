@@ -11,8 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from kvfast import _kvfast, analysis, select
-from kvfast import probe as probe_manifest
+from kvfast import _kvfast, analysis, probe_manifest, select
 from kvfast import tokens as token_text
 from kvfast.address import Where, file_offset, locate, record_ref, tensor_offset
 from kvfast.analysis import By
@@ -53,7 +52,7 @@ class Dump:
         self.pieces: list[str] | None = None
         self._build_hint: BuildHint | None = None
         if model is None and head_dim is None:
-            found = probe_manifest.geometry_for(self.path)
+            found = probe_manifest.recorded_for(self.path)
             if found is not None:
                 model, self.pieces = found.geometry, found.pieces
                 if found.attn_rot is not None:

@@ -25,8 +25,7 @@ import polars as pl
 from kvfast import _kvfast
 from kvfast.ggml import TYPES
 from kvfast.model import ModelGeometry
-
-MANIFEST = "manifest.parquet"
+from kvfast.probe_manifest import NAME as MANIFEST
 
 
 @dataclass
@@ -442,40 +441,3 @@ def _write_manifest(out: Path, old: pl.DataFrame | None, rows: list[dict[str, An
     df.write_parquet(tmp)
     os.replace(tmp, out / MANIFEST)
     return df
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """What a probe manifest beside a state recorded about it."""
-
-    geometry: ModelGeometry
-    pieces: list[str] | None
-    #: Whether the llama.cpp that wrote it rotated quantized caches (None: the manifest predates it).
-    attn_rot: bool | None
-    build: str | None
-
-
-def geometry_for(path: str | os.PathLike[str]) -> Recorded | None:
-    """The model geometry, token pieces and build recorded for a state by a probe manifest beside it."""
-    p = Path(path)
-    man = p.parent / MANIFEST
-    if not man.is_file():  # a FIFO of that name would block the reader
-        return None
-    try:
-        df = pl.read_parquet(man)
-        hit = df.filter((pl.col("state") == p.name) | (pl.col("whole_state") == p.name))
-    except (OSError, pl.exceptions.PolarsError):
-        return None
-    if hit.is_empty():
-        return None
-    row = hit.row(0, named=True)
-    g = ModelGeometry(
-        arch=row["arch"],
-        n_layer=row["n_layer"],
-        head_dim_k=row["head_dim_k"],
-        head_dim_v=row["head_dim_v"],
-        n_head_kv=tuple(row["n_head_kv"]),
-        swa=tuple(row["swa"]),
-    )
-    pieces = row["pieces"] if row["state"] == p.name else None
-    return Recorded(g, pieces, row.get("attn_rot"), row.get("llama_build"))
