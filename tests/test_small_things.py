@@ -1,5 +1,6 @@
 """Small things that each cost a user minutes (issue 14): messages, reprs, counts, CLI options."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,34 @@ def test_dump_html_escapes_the_path(tmp_path: Path) -> None:
     with kvfast.open(path) as d:
         page = d._repr_html_()
     assert "&lt;b&gt;x&amp;y.bin" in page and "<b>x&y" not in page
+
+
+def test_count_is_values_and_cells_is_cells_in_every_summary() -> None:
+    with kvfast.open(DATA / "qwen3tiny-3seq-shared/state.bin", head_dim=32) as d:
+        n_cells = sum(s.cell_count for s in d.caches[0].streams)
+        assert d.to_polars(layers=[0], kinds="k", heads=[0]).height > n_cells  # shared cells
+        for skip in (0, 4):
+            cells = n_cells - sum(int((s.pos < skip).sum()) for s in d.caches[0].streams)
+            ch = d.stats(by="channel", skip_first=skip)
+            head = d.stats(by="head", skip_first=skip)
+            layer = d.stats(by="layer", skip_first=skip)
+            for df in (ch, head, layer):
+                assert df.columns[df.columns.index("count") + 1] == "cells"
+                assert df["cells"].unique().to_list() == [cells]
+            assert (ch["count"] == ch["cells"]).all()
+            assert (head["count"] == head["cells"] * 32).all()
+            n_embd = d.caches[0].streams[0].layers[0].n_embd_k
+            assert (layer["count"] == layer["cells"] * n_embd).all()
+
+
+def test_stats_json_honours_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    sample = kvfast.sample_path()
+    assert main(["stats", sample, "--json"]) == 0
+    every = json.loads(capsys.readouterr().out)
+    assert len(every) == 36  # 18 layers x K, V: JSON gives every row unless --rows says otherwise
+    assert main(["stats", sample, "--json", "--rows", "3"]) == 0
+    assert json.loads(capsys.readouterr().out) == every[:3]
+    assert main(["manifest", sample, "--json", "--rows", "0"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert main(["stats", sample, "--rows", "2"]) == 0
+    assert "shape: (36, 13)" in capsys.readouterr().out

@@ -67,14 +67,25 @@ def stats(
     if by not in ("channel", "head", "layer"):
         raise ValueError(f"by must be 'cell', 'channel', 'head' or 'layer', not {by!r}")
     channel, head, layer = _kvfast.aggregate_stats(state, sel, skip_first)
-    if by == "head":
-        return pl.DataFrame(head)
-    if by == "layer":
-        return pl.DataFrame(layer)
     df = pl.DataFrame(channel)
-    return df.with_columns(
-        outlier_ratio=pl.col("absmax") / pl.col("absmax").median().over(["cache", "layer", "kind", "head"])
-    )
+    if by == "channel":
+        return _with_cells(df, df).with_columns(
+            outlier_ratio=pl.col("absmax")
+            / pl.col("absmax").median().over(["cache", "layer", "kind", "head"])
+        )
+    return _with_cells(pl.DataFrame(head if by == "head" else layer), df)
+
+
+def _with_cells(df: pl.DataFrame, channel: pl.DataFrame) -> pl.DataFrame:
+    """Add ``cells`` after ``count``: the cells the statistics are over (each cell once, whatever
+    its sequences). ``count`` is the number of values: cells in by="channel" (one value of the
+    channel per cell), cells x head_dim in by="head", cells x values per row in by="layer"."""
+    keys = ["cache", "layer", "kind"]
+    cells = channel.group_by(keys).agg(cells=pl.col("count").first())
+    at = df.columns.index("count") + 1
+    order = [*df.columns[:at], "cells", *df.columns[at:]]
+    joined = df.join(cells, on=keys, how="left", maintain_order="left")
+    return joined.with_columns(pl.col("cells").fill_null(0).cast(pl.UInt64)).select(order)
 
 
 def quant_error(

@@ -138,9 +138,9 @@ def _emit(df: pl.DataFrame, args: argparse.Namespace) -> None:
         df.write_parquet(args.output)
         print(f"wrote {df.height} rows to {args.output}")
     elif args.json:
-        print(df.write_json())
+        print((df if args.rows is None else df.head(args.rows)).write_json())
     else:
-        with pl.Config(tbl_rows=args.rows, tbl_cols=-1, tbl_width_chars=200):
+        with pl.Config(tbl_rows=20 if args.rows is None else args.rows, tbl_cols=-1, tbl_width_chars=200):
             print(df)
 
 
@@ -187,9 +187,14 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
         df.write_parquet(args.output)
         print(f"wrote {df.height} rows to {args.output}")
     elif args.json:
-        print(df.write_json())
+        print((df if args.rows is None else df.head(args.rows)).write_json())
     else:
-        with pl.Config(tbl_rows=args.rows, tbl_cols=-1, tbl_width_chars=200, fmt_str_lengths=80):
+        with pl.Config(
+            tbl_rows=50 if args.rows is None else args.rows,
+            tbl_cols=-1,
+            tbl_width_chars=200,
+            fmt_str_lengths=80,
+        ):
             print(df)
     return 0
 
@@ -237,7 +242,9 @@ def _table_options(p: argparse.ArgumentParser) -> None:
     cli_views.geometry_options(p)
     p.add_argument("-o", "--output", help="write Parquet here instead of printing")
     p.add_argument("--json", action="store_true", help="print JSON rows")
-    p.add_argument("--rows", type=int, default=20, help="rows to print (default 20)")
+    p.add_argument(
+        "--rows", type=non_negative_int, help="rows to print (default 20) or give as JSON (default all)"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -309,7 +316,9 @@ def _parser() -> argparse.ArgumentParser:
     _states(man)
     man.add_argument("-o", "--output", help="write Parquet here instead of printing")
     man.add_argument("--json", action="store_true", help="print JSON rows")
-    man.add_argument("--rows", type=int, default=50, help="rows to print (default 50)")
+    man.add_argument(
+        "--rows", type=non_negative_int, help="rows to print (default 50) or give as JSON (default all)"
+    )
     man.set_defaults(run=_cmd_manifest)
 
     cli_views.register(sub)

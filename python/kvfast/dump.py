@@ -446,6 +446,10 @@ class Dump:
         - ``by="head"`` / ``by="layer"``: the same moments over every value of a head / layer, with
           l2_mean and l2_max, the mean and largest L2 norm of its (cell, head) rows.
 
+        In the last three, ``count`` is the number of values summarized and ``cells`` the number of
+        cells (each once, however many sequences share it): ``count == cells`` by channel,
+        ``cells * head_dim`` by head, ``cells * values per row`` by layer.
+
         ``tokens=True`` (with ``by="cell"``) adds each cell's ``token`` and ``piece``.
         ``skip_first=N`` leaves out cells at positions < N (attention sinks). std is ddof = 0.
         """
