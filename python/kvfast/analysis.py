@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import polars as pl
 
 from kvfast import _kvfast, ggml
 from kvfast import select as checks
 from kvfast.errors import KvfastError
+from kvfast.opened import OpenState
 from kvfast.rotation import RotationWarning
-
-if TYPE_CHECKING:
-    from kvfast.dump import Dump
 
 By = Literal["cell", "channel", "head", "layer"]
 _GROUP = ["cache", "layer", "model_layer", "kind"]
@@ -34,7 +32,7 @@ class MatchError(KvfastError, ValueError):
 
 
 def select(
-    dump: Dump,
+    dump: OpenState,
     layers: Sequence[int] | None,
     kinds: Sequence[str] | str | None,
     caches: Sequence[int] | None = None,
@@ -54,7 +52,7 @@ def select(
 
 
 def stats(
-    dump: Dump,
+    dump: OpenState,
     by: By = "cell",
     layers: Sequence[int] | None = None,
     kinds: Sequence[str] | str | None = None,
@@ -89,7 +87,7 @@ def _with_cells(df: pl.DataFrame, channel: pl.DataFrame) -> pl.DataFrame:
 
 
 def quant_error(
-    dump: Dump,
+    dump: OpenState,
     type: str,
     by: Literal["head", "layer"] = "head",
     layers: Sequence[int] | None = None,
@@ -123,7 +121,7 @@ def quant_error(
     )
 
 
-def simulated_rotation(dump: Dump, type: str) -> tuple[int, int]:
+def simulated_rotation(dump: OpenState, type: str) -> tuple[int, int]:
     """The (K, V) groups llama.cpp would rotate a cache of ``type`` in, for this state's model: from
     the head sizes where known, else from the rotation found in the state itself; (0 = none)."""
     out = []
@@ -131,7 +129,7 @@ def simulated_rotation(dump: Dump, type: str) -> tuple[int, int]:
         if head_dim is not None:
             out.append(_kvfast.rotation_group(kind, type, head_dim) or 0)
             continue
-        found = [r.group for r in dump._rotation if r.kind == kind and r.group]
+        found = [r.group for r in dump.rotation if r.kind == kind and r.group]
         if ggml.is_float(type):
             out.append(0)
         elif found:
@@ -150,8 +148,8 @@ def simulated_rotation(dump: Dump, type: str) -> tuple[int, int]:
 
 
 def compare(
-    a: Dump,
-    b: Dump,
+    a: OpenState,
+    b: OpenState,
     by: Literal["cell", "layer"] = "cell",
     layers: Sequence[int] | None = None,
     kinds: Sequence[str] | str | None = None,

@@ -6,8 +6,10 @@ import html
 from itertools import groupby
 from typing import TYPE_CHECKING
 
+from kvfast import ggml
+
 if TYPE_CHECKING:
-    from kvfast.dump import Dump
+    from kvfast.opened import OpenState
     from kvfast.structure import Layer, Stream
 
 _STYLE = "border-collapse:collapse;font-size:90%;text-align:left"
@@ -41,7 +43,7 @@ def _stream_text(s: Stream) -> str:
     return f"stream {s.index}: {s.cell_count:,} cells, pos {s.pos.min()}..{s.pos.max()}, seq {shown}; {v}"
 
 
-def dump_html(d: Dump) -> str:
+def dump_html(d: OpenState) -> str:
     """An HTML summary of an open state: container, size, caches, streams, layer types, rotation."""
     if d.closed:
         return f"<b>kvfast.Dump</b> {html.escape(d.path)} (closed)"
@@ -83,6 +85,6 @@ def dump_html(d: Dump) -> str:
             + ("" if r.certain else " [undecided]")
         )
         for r in d.rotation
-        if r.undone or r.type not in ("f32", "f16", "bf16")
+        if r.undone or not ggml.is_float(r.type)
     ]
     return "<div>" + "<br>".join(head) + table + "<br>".join(rot) + "</div>"

@@ -22,10 +22,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from kvfast import _kvfast
+from kvfast import _kvfast, probe_manifest
 from kvfast.ggml import TYPES
 from kvfast.model import ModelGeometry
-from kvfast.probe_manifest import NAME as MANIFEST
+
+#: The manifest's file name in the output folder (where kvfast.open finds it).
+MANIFEST = probe_manifest.NAME
 
 
 @dataclass

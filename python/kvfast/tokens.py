@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
 from kvfast import _kvfast
-
-if TYPE_CHECKING:
-    from kvfast.dump import Dump
+from kvfast.opened import OpenState
 
 #: Columns of :func:`cell_tokens`, in order.
 SCHEMA = {
@@ -80,7 +77,7 @@ def vocabulary(path: str | os.PathLike[str]) -> list[str] | None:
     return [_text(w, bpe) for w in words]
 
 
-def cell_tokens(dump: Dump) -> pl.DataFrame:
+def cell_tokens(dump: OpenState) -> pl.DataFrame:
     """One row per cell of every stream: cache, stream, cell, pos, token and piece (null where not
     known). Join it to :meth:`Dump.to_polars` or ``stats(by="cell")`` on (cache, stream, cell)."""
     tokens = dump.tokens

@@ -13,6 +13,7 @@ pub mod file;
 pub mod gguf;
 pub mod guarantees;
 pub mod layout;
+pub mod pages;
 pub mod quantize;
 pub mod rotation;
 pub mod server_tokens;

@@ -2,6 +2,7 @@
 
 use crate::decode::decode_row;
 use crate::layout::Record;
+use crate::pages::populate;
 use crate::rotation::hadamard_groups;
 use crate::types::GgmlType;
 
@@ -111,24 +112,4 @@ impl<'a> RecordView<'a> {
             }
         }
     }
-}
-
-/// Ask the kernel to map `bytes`' pages now (Linux 5.14+), so that reading them faults no more.
-pub fn populate(bytes: &[u8]) {
-    #[cfg(target_os = "linux")]
-    {
-        const PAGE: usize = 4096;
-        const MADV_POPULATE_READ: i32 = 22;
-        let addr = bytes.as_ptr() as usize;
-        let start = addr & !(PAGE - 1);
-        let end = addr + bytes.len();
-        if end > start {
-            // SAFETY: the range covers pages of a live mapping we hold; populating changes no content.
-            unsafe {
-                libc::madvise(start as *mut libc::c_void, end - start, MADV_POPULATE_READ);
-            }
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = bytes;
 }

@@ -2,14 +2,13 @@
 //! KvfastError subclass (field, offset and kind as attributes) or OSError; every other error is a
 //! usage error, raised as ValueError.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use kvfast_core::GgmlType;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyOSError, PyValueError};
 use pyo3::prelude::*;
-
-use crate::table::PlanError;
 
 /// What a binding call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +107,29 @@ pub enum Mismatch {
         seq: Option<i32>,
         pos: i32,
     },
+}
+
+/// A selection that does not fit the state's records.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("head_dim must be positive")]
+    HeadDimZero,
+    #[error("head_dim {head_dim} does not divide the {n} values per {kind} row of layer {layer}")]
+    HeadDim {
+        head_dim: u64,
+        n: u64,
+        kind: &'static str,
+        layer: u32,
+    },
+    #[error("head {head} out of range: layer {layer} {kind} has {n} heads")]
+    Head {
+        head: u32,
+        layer: u32,
+        kind: &'static str,
+        n: usize,
+    },
+    #[error("the selected records have different head sizes {0:?}: select kinds=['k'] or ['v'] separately")]
+    HeadSizes(BTreeSet<usize>),
 }
 
 /// "f32, f16, ..., q5_1 or iq4_nl": every type a cache can hold.

@@ -10,31 +10,8 @@ use arrow_buffer::{Buffer, MutableBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
 use kvfast_core::{Record, StateFile, Stream};
 
-use crate::errors::Result;
+use crate::errors::{PlanError, Result};
 use crate::rows::{out_type, record_rows, Dtype, Out, Rows};
-
-/// A selection that does not fit the state's records.
-#[derive(Debug, thiserror::Error)]
-pub enum PlanError {
-    #[error("head_dim must be positive")]
-    HeadDimZero,
-    #[error("head_dim {head_dim} does not divide the {n} values per {kind} row of layer {layer}")]
-    HeadDim {
-        head_dim: u64,
-        n: u64,
-        kind: &'static str,
-        layer: u32,
-    },
-    #[error("head {head} out of range: layer {layer} {kind} has {n} heads")]
-    Head {
-        head: u32,
-        layer: u32,
-        kind: &'static str,
-        n: usize,
-    },
-    #[error("the selected records have different head sizes {0:?}: select kinds=['k'] or ['v'] separately")]
-    HeadSizes(BTreeSet<usize>),
-}
 
 /// Which records and heads to put in the table.
 pub struct Selection {
