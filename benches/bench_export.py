@@ -35,15 +35,16 @@ for name in sorted(os.listdir(src)):
             vals = np.frombuffer(raw, "<f2", count=s.cell_count * n, offset=off).reshape(-1, 128)
             cells = np.repeat(np.arange(s.cell_count, dtype=np.int32), heads)
             frames.append(pl.DataFrame({
-                "dump": path, "cache": np.zeros(len(cells), np.int32), "stream": np.zeros(len(cells), np.int32),
+                "dump": name, "path": os.path.realpath(path), "cache": np.zeros(len(cells), np.int32),
+                "stream": np.zeros(len(cells), np.int32), "layer": np.full(len(cells), ly.index, np.int32),
                 "model_layer": np.full(len(cells), ly.index, np.int32), "kind": kind, "cell": cells,
                 "pos": s.pos[cells], "seq_id": np.zeros(len(cells), np.int32),
                 "head": np.tile(np.arange(heads, dtype=np.int32), s.cell_count),
                 "values": pl.Series(vals).cast(pl.Array(pl.Float16, 128)),
             }))
-        part = os.path.join(out, f"layer={ly.index}")
+        part = os.path.join(out, name)
         os.makedirs(part, exist_ok=True)
-        pl.concat(frames).write_parquet(os.path.join(part, name + ".parquet"), compression="zstd")
+        pl.concat(frames).write_parquet(os.path.join(part, f"layer-{ly.index}.parquet"), compression="zstd")
 """
 
 KVFAST = r"""

@@ -1,5 +1,6 @@
 """Many states as one dataset: scans with pushdown, manifest, Parquet export."""
 
+import os
 import shutil
 from pathlib import Path
 
@@ -22,8 +23,9 @@ def eager(paths: list[str], **kw) -> pl.DataFrame:
     frames = []
     for p in paths:
         with kvfast.open(p, head_dim=32) as d:
-            frames.append(d.to_polars(**kw).with_columns(dump=pl.lit(p)))
-    return pl.concat(frames).select(["dump", *frames[0].columns[:-1]])
+            df = d.to_polars(**kw)
+            frames.append(df.with_columns(dump=pl.lit(kvfast.dump_id(p)), path=pl.lit(os.path.realpath(p))))
+    return pl.concat(frames).select(["dump", "path", *frames[0].columns[:-2]])
 
 
 def test_scan_equals_concatenated_to_polars() -> None:
@@ -36,9 +38,11 @@ def test_scan_of_a_directory_and_a_glob() -> None:
     d = kvfast.scan(DATA / "qwen3tiny-3seq-shared", head_dim=32).select("dump").unique().collect()
     assert d.height == 8
     g = kvfast.scan(str(DATA / "qwen3tiny-3seq-shared" / "seq-*.bin"), head_dim=32).collect()
-    assert set(g["dump"].unique().to_list()) == {
-        str(DATA / f"qwen3tiny-3seq-shared/seq-{i}.bin") for i in range(3)
+    assert set(g["path"].unique().to_list()) == {
+        str(DATA.resolve() / f"qwen3tiny-3seq-shared/seq-{i}.bin") for i in range(3)
     }
+    want = {kvfast.dump_id(DATA / f"qwen3tiny-3seq-shared/seq-{i}.bin") for i in range(3)}
+    assert set(g["dump"].unique().to_list()) == want
 
 
 def test_record_predicates_read_only_those_records() -> None:
@@ -49,7 +53,7 @@ def test_record_predicates_read_only_those_records() -> None:
     want = eager(F16).filter(layer=1, kind="v")
     assert_frame_equal(got.sort(KEY), want.sort(KEY))
     dataset.READS.clear()
-    one = lf.filter(pl.col("dump") == F16[0], pl.col("layer") == 0).collect()
+    one = lf.filter(pl.col("dump") == kvfast.dump_id(F16[0]), pl.col("layer") == 0).collect()
     assert dataset.READS["records"] == 2 and one.height == 7 * 2 * 2
 
 
@@ -58,8 +62,8 @@ def test_index_predicates_skip_records_without_rows() -> None:
     dataset.READS.clear()
     got = lf.filter(pl.col("pos") >= 12, pl.col("head") == 1).collect()
     # only the states holding sequence 2 (15 positions) have cells at 12..14
-    assert set(got["dump"].unique().to_list()) == {
-        str(DATA / f"qwen3tiny-3seq-shared/{f}")
+    assert set(got["path"].unique().to_list()) == {
+        str(DATA.resolve() / f"qwen3tiny-3seq-shared/{f}")
         for f in ("seq-2.bin", "seq-2.ggsq", "state.bin", "state.ggsn")
     }
     assert dataset.READS["records"] == 4 * 4
@@ -121,8 +125,7 @@ def test_manifest(tmp_path: Path) -> None:
 
 
 def _read_back(out: Path) -> pl.DataFrame:
-    df = pl.read_parquet(out / "**/*.parquet", hive_partitioning=True)
-    return df.with_columns(pl.col("layer").cast(pl.Int32))
+    return pl.read_parquet(out / "**/*.parquet")
 
 
 def test_export_values_round_trips(tmp_path: Path) -> None:
@@ -134,7 +137,7 @@ def test_export_values_round_trips(tmp_path: Path) -> None:
     back = _read_back(out)
     assert back.schema["values"] == pl.Array(pl.Float16, 32)
     assert_frame_equal(back.select(src.columns).sort(KEY), src.sort(KEY))
-    ds = pads.dataset(out, format="parquet", partitioning="hive")
+    ds = pads.dataset(out, format="parquet")
     t = ds.to_table()
     assert str(t.schema.field("values").type.value_type) == "halffloat"
     assert t.num_rows == src.height
@@ -203,9 +206,7 @@ def test_export_stats(tmp_path: Path) -> None:
     paths = dataset.expand(DATA / "qwen3tiny-3seq-shared")
     out = tmp_path / "stats"
     kvfast.export(paths, out, what="stats", by="layer", partition_by=("layer", "kind"))
-    back = pl.read_parquet(out / "**/*.parquet", hive_partitioning=True).with_columns(
-        pl.col("layer").cast(pl.Int32)
-    )
+    back = pl.read_parquet(out / "**/*.parquet")
     want = pl.concat([dataset.stats_frame(kvfast.open(p), "layer") for p in paths])
     assert_frame_equal(
         back.select(want.columns).sort("dump", "layer", "kind"), want.sort("dump", "layer", "kind")

@@ -28,7 +28,7 @@ from kvfast import export_commit, synth
 from kvfast.cli import main
 
 HERE = Path(__file__).resolve()
-KEY = ["dump", "cache", "stream", "layer", "kind", "cell", "seq_id", "head"]
+KEY = ["path", "cache", "stream", "layer", "kind", "cell", "seq_id", "head"]
 
 
 def make_state(path: Path, n_layer: int = 4, cells: int = 8, seed: int = 0, **kw: int) -> str:
@@ -42,20 +42,19 @@ def make_states(src: Path, n: int, **kw: int) -> list[str]:
 
 
 def table(paths: list[str]) -> pl.DataFrame:
-    """The rows an export of `paths` must hold (the dump column is the path as given)."""
+    """The rows an export of `paths` must hold (`paths` are real paths: the path column)."""
     frames = []
     for p in paths:
         with kvfast.open(p) as d:
-            frames.append(d.to_polars().with_columns(dump=pl.lit(p)))
-    return pl.concat(frames).select(KEY + ["pos", "model_layer", "values"])
+            frames.append(d.to_polars().with_columns(dump=pl.lit(kvfast.dump_id(p)), path=pl.lit(p)))
+    return pl.concat(frames).select(["dump", *KEY, "pos", "model_layer", "values"])
 
 
 def read_raw(out: Path) -> pl.DataFrame:
-    """What a plain reader sees: every ``*.parquet`` under OUT, hive partitions parsed."""
+    """What a plain reader sees: every ``*.parquet`` under OUT (every column is in the files)."""
     if not list(out.glob("**/*.parquet")):
-        return pl.DataFrame(schema={"dump": pl.String()})
-    df = pl.read_parquet(out / "**/*.parquet", hive_partitioning=True)
-    return df.with_columns(pl.col("layer").cast(pl.Int32))
+        return pl.DataFrame(schema={"path": pl.String()})
+    return pl.read_parquet(out / "**/*.parquet")
 
 
 def staging(out: Path) -> Path:
@@ -85,13 +84,13 @@ def check_whole(out: Path, rows_of: dict[tuple[str, int], int], raw: bool = True
         assert sum(want.values()) == 0
         return present
     # pyarrow skips _kvfast/ (where staging falls back to); a raw glob must agree when staging is beside
-    readers = [pads.dataset(out, format="parquet", partitioning="hive").to_table(columns=["dump"])]
+    readers = [pads.dataset(out, format="parquet").to_table(columns=["path"])]
     if raw:
-        readers.append(read_raw(out).select("dump").to_arrow())
+        readers.append(read_raw(out).select("path").to_arrow())
     for t in readers:
         got = pl.from_arrow(t)
         assert isinstance(got, pl.DataFrame)
-        assert dict(got.group_by("dump").len().iter_rows()) == want
+        assert dict(got.group_by("path").len().iter_rows()) == want
     return present
 
 
@@ -160,13 +159,13 @@ def test_fewer_layers_leave_no_stale_partition(
     other = make_state(tmp_path / "src" / "b.bin", n_layer=3, seed=1)
     out = tmp_path / "out"
     assert kvfast.export([p, other], out)["status"].to_list() == ["written", "written"]
-    assert read_raw(out).filter(pl.col("dump") == p)["layer"].unique().sort().to_list() == list(range(6))
+    assert read_raw(out).filter(pl.col("path") == p)["layer"].unique().sort().to_list() == list(range(6))
     make_state(Path(p), n_layer=2)
     assert kvfast.export([p, other], out)["status"].to_list() == ["written", "skipped"]
     want = table([p, other])
     assert_frame_equal(read_raw(out).select(want.columns).sort(KEY), want.sort(KEY))
     a_dir = next(d for d in state_dirs(out) if d.name.startswith("a-"))
-    assert sorted(x.name for x in a_dir.iterdir()) == ["_kvfast.json", "layer=0", "layer=1"]
+    assert sorted(x.name for x in a_dir.iterdir()) == ["_kvfast.json", "layer-0.parquet", "layer-1.parquet"]
     assert not staging(out).exists()
 
 
@@ -176,7 +175,7 @@ def test_other_options_replace_the_export_whole(tmp_path: Path) -> None:
     kvfast.export([p], out, partition_by=("layer", "kind"))
     kvfast.export([p], out, partition_by=("cache",))
     (d,) = state_dirs(out)
-    assert sorted(x.name for x in d.iterdir()) == ["_kvfast.json", "cache=0"]
+    assert sorted(x.name for x in d.iterdir()) == ["_kvfast.json", "cache-0.parquet"]
 
 
 # --- E3: a failed state leaves nothing behind, not even its earlier export -----------------------

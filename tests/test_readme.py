@@ -35,7 +35,7 @@ def test_python_snippets_run(in_copy: Path) -> None:
     exec("import kvfast\nimport polars as pl\n", ns)  # noqa: S102 (the README is the code under test)
     for block in PY_BLOCKS:
         exec(compile(block, "README.md", "exec"), ns)  # noqa: S102
-    assert list(in_copy.glob("parquet/*/layer=1/*.parquet"))
+    assert list(in_copy.glob("parquet/*/layer-1.parquet"))
 
 
 def test_shell_snippets_run(in_copy: Path) -> None:

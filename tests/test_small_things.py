@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import DATA
 
@@ -86,3 +87,32 @@ def test_stats_json_honours_rows(capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(capsys.readouterr().out) == []
     assert main(["stats", sample, "--rows", "2"]) == 0
     assert "shape: (36, 13)" in capsys.readouterr().out
+
+
+def test_upcast_avoids_the_float16_traps() -> None:
+    import polars as pl
+
+    df = pl.DataFrame(
+        {
+            "values": pl.Series([[358.5, 2.0]], dtype=pl.Array(pl.Float16, 2)),
+            "tokens": pl.Series([[1.5]], dtype=pl.List(pl.Float16)),
+            "n": [1],
+        }
+    )
+    sq = pl.col("values").arr.eval(pl.element().pow(2)).arr.sum()
+    assert df.select(sq).item() == float("inf")  # the trap: the sum of squares overflows in f16
+    up = kvfast.upcast(df)
+    assert up.schema == {
+        "values": pl.Array(pl.Float32, 2),
+        "tokens": pl.List(pl.Float32),
+        "n": pl.Int64,
+    }
+    assert up.select(sq.sqrt()).item() == pytest.approx((358.5**2 + 4) ** 0.5)
+    assert kvfast.upcast(df.lazy(), pl.Float64).collect_schema()["values"] == pl.Array(pl.Float64, 2)
+    plain = df.select("n")
+    assert kvfast.upcast(plain) is plain
+    with kvfast.open(kvfast.sample_path()) as d:
+        t = d.to_polars()
+    norms = kvfast.upcast(t).select(sq.sqrt()).to_series()
+    want = np.linalg.norm(np.stack(t["values"].to_numpy()).astype(np.float64), axis=1)
+    np.testing.assert_allclose(norms.to_numpy(), want, rtol=1e-6)

@@ -9,7 +9,7 @@ from importlib.resources import files
 
 from kvfast._kvfast import __version__
 from kvfast.analysis import MatchError, compare
-from kvfast.dataset import manifest, scan, scan_stats
+from kvfast.dataset import dump_id, manifest, scan, scan_stats
 from kvfast.dump import Dump, open
 from kvfast.errors import (
     AmbiguousError,
@@ -23,6 +23,8 @@ from kvfast.errors import (
     UnsupportedVersionError,
 )
 from kvfast.export import ExportError, export
+from kvfast.export_read import export_schema, scan_export
+from kvfast.floats import upcast
 from kvfast.model import ModelGeometry
 from kvfast.rotation import Rotation, RotationError, RotationWarning
 from kvfast.structure import Cache, Layer, Stream
@@ -55,10 +57,14 @@ __all__ = [
     "UnsupportedVersionError",
     "__version__",
     "compare",
+    "dump_id",
     "export",
+    "export_schema",
     "manifest",
     "open",
     "sample_path",
     "scan",
+    "scan_export",
     "scan_stats",
+    "upcast",
 ]

@@ -170,12 +170,18 @@ def _cmd_export(args: argparse.Namespace) -> int:
         model=args.model,
         rotation=args.rotation,
         on_error=args.on_error,
+        dtype=args.dtype,
+        hive=args.hive,
+        progress=args.progress,
     )
     counts = report.group_by("status").len().sort("status")
-    print(
-        ", ".join(f"{n} {s}" for s, n in counts.iter_rows())
-        + f"; {report['rows'].sum():,} rows in {args.output}"
-    )
+    if args.json:
+        print(report.write_json())
+    else:
+        print(
+            ", ".join(f"{n} {s}" for s, n in counts.iter_rows())
+            + f"; {report['rows'].sum():,} rows in {args.output}"
+        )
     for path, err in report.filter(status="failed").select("path", "error").iter_rows():
         print(f"failed: {path}: {err}", file=sys.stderr)
     return 1 if report.filter(status="failed").height else 0
@@ -290,7 +296,7 @@ def _parser() -> argparse.ArgumentParser:
 
     exp = sub.add_parser(
         "export",
-        help="write many states as hive-partitioned Parquet",
+        help="write many states as Parquet (a folder per state, a file per layer)",
         description="Export the value table (or statistics) of many states to Parquet: streaming, parallel,"
         " resumable (unchanged states already exported are skipped), atomic.",
         epilog="example: kvfast export dumps/ -o parquet/ --jobs 4 --on-error skip",
@@ -304,6 +310,19 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--partition-by", nargs="*", default=["layer"], choices=["cache", "layer", "kind"])
     exp.add_argument("--jobs", type=int, help="states written at once (default: all cores)")
     exp.add_argument("--on-error", choices=["skip", "fail"], default="fail")
+    exp.add_argument(
+        "--dtype",
+        choices=["float32", "native"],
+        help="values type: float32, or native (each file its own: f16 stays f16); default: one type"
+        " for the whole output (float16 when every state is f16, else float32)",
+    )
+    exp.add_argument("--hive", action="store_true", help="partitions as key=value folders (layer=3/)")
+    exp.add_argument("--json", action="store_true", help="print the report as JSON rows")
+    exp.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="a bar of bytes read on stderr (default: when stderr is a terminal)",
+    )
     cli_views.geometry_options(exp)
     exp.set_defaults(run=_cmd_export)
 

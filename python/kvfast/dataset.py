@@ -3,7 +3,7 @@
 `scan` registers a Polars IO source. Polars hands it the projection, the predicate, the row limit
 and a batch size, and does not re-apply the predicate nor the limit: this source applies both
 exactly. The predicate is pushed down as far as its columns allow:
-- only dump / cache / layer / model_layer / kind: records that fail it are never read;
+- only dump / path / cache / layer / model_layer / kind: records that fail it are never read;
 - index columns too (stream, cell, pos, seq_id, head): each record's index is built and filtered
   first (no value bytes), and a record with no row left is never read;
 - values: every record of the dumps left is read, then filtered.
@@ -13,7 +13,9 @@ A projection without `values` reads no value bytes at all.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
+import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,10 +28,11 @@ from kvfast.model import ModelGeometry
 from kvfast.rotation import Mode
 
 STATE_SUFFIXES = (".bin", ".ggsq", ".ggsn", ".state", ".session", ".slot")
-RECORD_COLS = frozenset({"dump", "cache", "layer", "model_layer", "kind"})
+RECORD_COLS = frozenset({"dump", "path", "cache", "layer", "model_layer", "kind"})
 INDEX_COLS = RECORD_COLS | {"stream", "cell", "pos", "seq_id", "head"}
 INDEX_SCHEMA: dict[str, pl.DataType] = {
     "dump": pl.String(),
+    "path": pl.String(),
     "cache": pl.Int32(),
     "stream": pl.Int32(),
     "layer": pl.Int32(),
@@ -64,6 +67,22 @@ def expand(paths: Paths) -> list[str]:
     return found
 
 
+def dump_id(path: str | os.PathLike[str]) -> str:
+    """A state's stable id, the ``dump`` column of scans and exports: its file's stem (made safe for
+    folder names and hive readers: no ``=``, no leading ``.`` or ``_``) and the first 10 hex digits
+    of the SHA-1 of its real path. The same whatever the working directory or the spelling of the
+    path (``./a.bin``, a symbolic link); it is also the state's folder in an export. A file moved
+    elsewhere gets another id."""
+    real = os.path.realpath(path)
+    stem = re.sub(r"[^A-Za-z0-9_.+-]", "_", Path(real).stem).lstrip("._") or "state"
+    return f"{stem}-{hashlib.sha1(real.encode()).hexdigest()[:10]}"
+
+
+def _names(d: Dump) -> dict[str, str]:
+    """The dump and path columns of a state: its stable id and its real path."""
+    return {"dump": dump_id(d.path), "path": os.path.realpath(d.path)}
+
+
 def _geometry(model: str | os.PathLike[str] | ModelGeometry | None) -> ModelGeometry | None:
     if model is None or isinstance(model, ModelGeometry):
         return model
@@ -73,6 +92,7 @@ def _geometry(model: str | os.PathLike[str] | ModelGeometry | None) -> ModelGeom
 def _records(d: Dump) -> pl.DataFrame:
     """One row per (cache, layer, kind) present in the dump."""
     rows: list[dict[str, Any]] = []
+    names = _names(d)
     for c in d.caches:
         s = max(c.streams, key=lambda s: len(s.layers))
         for ly in s.layers:
@@ -80,14 +100,14 @@ def _records(d: Dump) -> pl.DataFrame:
                 if kind == "k" or ly.v_type is not None:
                     rows.append(
                         {
-                            "dump": d.path,
+                            **names,
                             "cache": c.index,
                             "layer": ly.index,
                             "model_layer": ly.model_layer,
                             "kind": kind,
                         }
                     )
-    schema = {k: INDEX_SCHEMA[k] for k in ("dump", "cache", "layer", "model_layer", "kind")}
+    schema = {k: INDEX_SCHEMA[k] for k in ("dump", "path", "cache", "layer", "model_layer", "kind")}
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
@@ -114,7 +134,7 @@ def _frame(d: Dump, cache: int, layer: int, kind: str, dtype: str | None, values
     if values:
         READS["records"] += 1
         READS["bytes"] += _record_bytes(d, cache, layer, kind)
-    df = pl.DataFrame(stream).with_columns(dump=pl.lit(d.path, pl.String()))
+    df = pl.DataFrame(stream).with_columns(**{k: pl.lit(v, pl.String()) for k, v in _names(d).items()})
     return df.select([*INDEX_SCHEMA, *(["values"] if values else [])])
 
 
@@ -173,7 +193,8 @@ def scan(
     model: str | os.PathLike[str] | ModelGeometry | None = None,
     rotation: Mode = "auto",
 ) -> pl.LazyFrame:
-    """The value table of every state as one lazy frame, with a ``dump`` column (the path).
+    """The value table of every state as one lazy frame, with ``dump`` (the state's stable id,
+    :func:`dump_id`) and ``path`` (its real path) columns.
 
     Opening reads metadata only; rows are read when the query runs, and only those the projection
     and the predicate need (see the module's doc). Values are in the basis ``rotation`` chooses
@@ -274,11 +295,12 @@ STATS_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
 def stats_frame(
     d: Dump, by: str, layers: list[int] | None = None, kinds: list[str] | None = None
 ) -> pl.DataFrame:
-    """`Dump.stats` with a leading ``dump`` column, in the schema `scan_stats` declares."""
+    """`Dump.stats` with leading ``dump`` and ``path`` columns, in the schema `scan_stats` declares."""
     df = d.stats(by=by, layers=layers, kinds=kinds)  # type: ignore[arg-type]
     schema = STATS_SCHEMAS[by]
-    return df.with_columns(dump=pl.lit(d.path, pl.String())).select(
-        pl.col("dump"), *[pl.col(c).cast(t) for c, t in schema.items()]
+    names = _names(d)
+    return df.with_columns(**{k: pl.lit(v, pl.String()) for k, v in names.items()}).select(
+        *names, *[pl.col(c).cast(t) for c, t in schema.items()]
     )
 
 
@@ -289,14 +311,14 @@ def scan_stats(
     model: str | os.PathLike[str] | ModelGeometry | None = None,
     rotation: Mode = "auto",
 ) -> pl.LazyFrame:
-    """`Dump.stats(by=...)` of every state as one lazy frame, with a ``dump`` column. A predicate on
-    dump / cache / layer / model_layer / kind decides which records are read at all."""
+    """`Dump.stats(by=...)` of every state as one lazy frame, with ``dump`` and ``path`` columns. A
+    predicate on dump / path / cache / layer / model_layer / kind decides which records are read."""
     if by not in STATS_SCHEMAS:
         raise ValueError(f"by must be one of {sorted(STATS_SCHEMAS)}, not {by!r}")
     geometry = _geometry(model)
     files = expand(paths)
     dumps = [d for _, d in _open_all(files, head_dim, geometry, rotation)]
-    schema = {"dump": pl.String(), **STATS_SCHEMAS[by]}
+    schema = {"dump": pl.String(), "path": pl.String(), **STATS_SCHEMAS[by]}
 
     def source(
         with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, batch_size: int | None
@@ -322,11 +344,12 @@ def scan_stats(
 
 
 def manifest(paths: Paths) -> pl.DataFrame:
-    """One row per state, from metadata only: path, size, container, version, arch, caches, layers,
-    cells, K/V types, token count; a state that fails to open has its error and nulls."""
+    """One row per state, from metadata only: path (its real path), dump (its id, :func:`dump_id`),
+    size, container, version, arch, caches, layers, cells, K/V types, token count; a state that
+    fails to open has its error and nulls."""
     rows = []
     for p in expand(paths):
-        row: dict[str, Any] = {"path": p, "error": None}
+        row: dict[str, Any] = {"path": os.path.realpath(p), "dump": dump_id(p), "error": None}
         try:
             with open(p) as d:
                 layers = [ly for c in d.caches for ly in max(c.streams, key=lambda s: len(s.layers)).layers]
@@ -351,6 +374,7 @@ def manifest(paths: Paths) -> pl.DataFrame:
         rows.append(row)
     schema = {
         "path": pl.String(),
+        "dump": pl.String(),
         "size": pl.UInt64(),
         "container": pl.String(),
         "version": pl.Int32(),

@@ -1,17 +1,18 @@
-"""Export many states to hive-partitioned Parquet: streaming, parallel, resumable, atomic per state.
+"""Export many states to partitioned Parquet: streaming, parallel, resumable, atomic per state.
 
-Layout: one folder per state, then the partitions::
+Layout: one folder per state (named by its id, :func:`kvfast.dataset.dump_id`), then the partitions::
 
-    OUT/<state>-<hash>/layer=3/<state>-<hash>.parquet     one file per partition of the state
-    OUT/<state>-<hash>/_kvfast.json                       its marker: source size, mtime, options
+    OUT/<state>-<hash>/layer-3.parquet      one file per partition of the state
+    OUT/<state>-<hash>/_kvfast.json         its marker: source size, mtime, options, value types
 
-Read it with ``pl.scan_parquet("OUT/**/*.parquet", hive_partitioning=True)`` or
-``pyarrow.dataset.dataset("OUT", partitioning="hive")``: the state folder is not a ``key=value``
-name, so hive readers see only the partition columns. A state's folder is written in full out of
-sight and published in one rename (see :mod:`kvfast.export_commit`), which is why the state comes
-before the partitions: a partition folder holds many states and cannot appear in one step. So a
-reader sees every state whole, with its marker, or not at all, even after a SIGKILL; leftovers of a
-killed run are removed by the next run into OUT.
+Every file holds every column, the partition keys (``layer``, ``cache``, ``kind``) included, with
+the types of :data:`kvfast.dataset.INDEX_SCHEMA`, so any engine reads the same table from a glob
+(``OUT/**/*.parquet``) with no hive partitioning to infer; ``hive=True`` names the partitions
+``layer=3/`` folders instead (the columns stay in the files too). A state's folder is written in
+full out of sight and published in one rename (see :mod:`kvfast.export_commit`), which is why the
+state comes before the partitions: a partition folder holds many states and cannot appear in one
+step. So a reader sees every state whole, with its marker, or not at all, even after a SIGKILL;
+leftovers of a killed run are removed by the next run into OUT.
 
 Each partition is written one record group at a time, so memory stays bounded by one partition of
 one state per worker, whatever the number and size of the states. A state whose marker matches its
@@ -22,13 +23,11 @@ export away. Inputs are deduplicated by real path; several processes may export 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import shutil
-import sys
-from collections.abc import Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,10 +37,21 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvfast.dataset import INDEX_SCHEMA, Paths, _frame, _records, _values_schema, expand, stats_frame
+from kvfast.dataset import (
+    INDEX_SCHEMA,
+    Paths,
+    _frame,
+    _record_bytes,
+    _records,
+    _values_schema,
+    dump_id,
+    expand,
+    stats_frame,
+)
 from kvfast.dump import Dump, open
 from kvfast.errors import KvfastError
 from kvfast.export_commit import MARKER, Commit
+from kvfast.export_progress import Progress
 from kvfast.model import ModelGeometry
 from kvfast.rotation import Mode
 
@@ -69,6 +79,7 @@ class _Options:
     model: ModelGeometry | None
     dtype: str | None
     rotation: Mode = "auto"
+    hive: bool = False
 
     def signature(self) -> dict[str, Any]:
         return {
@@ -79,7 +90,17 @@ class _Options:
             "model": None if self.model is None else repr(self.model),
             "dtype": self.dtype,
             "rotation": self.rotation,
+            "layout": "hive" if self.hive else "files",
         }
+
+    def dest(self, staged: Path, key: str, part: dict[str, Any]) -> Path:
+        """Where a partition's file goes in the state's staged folder: ``layer-3.parquet``
+        (``cache-0.layer-3.kind-k.parquet``, ``all.parquet`` unpartitioned), or with ``hive``
+        ``layer=3/<key>.parquet``."""
+        if self.hive:
+            return staged.joinpath(*[f"{k}={v}" for k, v in part.items()]) / f"{key}.parquet"
+        name = ".".join(f"{k}-{v}" for k, v in part.items()) or "all"
+        return staged / f"{name}.parquet"
 
 
 def _unique(files: list[str]) -> dict[str, str]:
@@ -106,10 +127,8 @@ def _check_layout(out: Path) -> None:
 
 
 def _key(real: str) -> str:
-    """The state's directory name: its file's stem (made safe for hive readers: no ``=``, no
-    leading ``.`` or ``_``) and a hash of its real path."""
-    stem = re.sub(r"[^A-Za-z0-9_.+-]", "_", Path(real).stem).lstrip("._") or "state"
-    return f"{stem}-{hashlib.sha1(real.encode()).hexdigest()[:10]}"
+    """The state's directory name: its id (the ``dump`` column)."""
+    return dump_id(real)
 
 
 def _source_id(real: str) -> dict[str, Any]:
@@ -125,10 +144,12 @@ def _done(opts: _Options, commit: Commit, key: str, source: dict[str, Any]) -> b
     return bool(saved.get("source") == source and saved.get("options") == opts.signature())
 
 
-def _write(frames: Iterator[pl.DataFrame], dest: Path) -> int:
+def _write(frames: Iterator[pl.DataFrame], dest: Path) -> tuple[int, str | None]:
     """Write the frames, one row group (or more) each, to `dest` (in a staging directory); only one
-    frame is in memory at a time. Returns the rows written; no file when there is no frame."""
+    frame is in memory at a time. Returns the rows written and the type of the values' numbers
+    (None for statistics); no file when there is no frame."""
     rows = 0
+    values: str | None = None
     writer: pq.ParquetWriter | None = None
     try:
         for df in frames:
@@ -140,12 +161,15 @@ def _write(frames: Iterator[pl.DataFrame], dest: Path) -> int:
                 writer = pq.ParquetWriter(
                     dest, table.schema, compression="zstd", compression_level=1, use_dictionary=dictionary
                 )
+                inner = getattr(df.schema.get("values"), "inner", None)
+                if inner is not None:
+                    values = "float16" if inner == pl.Float16 else "float32"
             writer.write_table(table)
             rows += df.height
     finally:
         if writer is not None:
             writer.close()
-    return rows
+    return rows, values
 
 
 def _partitions(opts: _Options, d: Dump) -> list[tuple[dict[str, Any], pl.DataFrame]]:
@@ -160,40 +184,80 @@ def _partitions(opts: _Options, d: Dump) -> list[tuple[dict[str, Any], pl.DataFr
     ]
 
 
-def _part_frames(opts: _Options, d: Dump, part: dict[str, Any], recs: pl.DataFrame) -> Iterator[pl.DataFrame]:
-    """The frames of one partition of one state, a record (or one statistics pass) at a time,
-    without the partition columns (the directory names carry them)."""
+def _all_f16(d: Dump, recs: pl.DataFrame) -> bool:
+    """Whether every record of `recs` is stored as f16."""
+    for c, ly, k in recs.select("cache", "layer", "kind").iter_rows():
+        for s in d.caches[c].streams:
+            if ly < len(s.layers) and (s.layers[ly].k_type if k == "k" else s.layers[ly].v_type) != "f16":
+                return False
+    return True
+
+
+def _part_frames(
+    opts: _Options, d: Dump, part: dict[str, Any], recs: pl.DataFrame, advance: Callable[[int], None]
+) -> Iterator[pl.DataFrame]:
+    """The frames of one partition of one state, a record (or one statistics pass) at a time, with
+    every column (the partition keys too: readers need not parse folder names)."""
     if opts.what == "values":
+        dtype = opts.dtype
+        if dtype == "native":  # this file's own type: f16 when all its records are, else float32
+            dtype = None if _all_f16(d, recs) else "float32"
         for c, ly, k in recs.select("cache", "layer", "kind").iter_rows():
-            yield _frame(d, c, ly, k, opts.dtype, values=True).drop(list(part))
+            yield _frame(d, c, ly, k, dtype, values=True)
+            advance(_record_bytes(d, c, ly, k))
     else:
         layers = sorted(set(recs["layer"].to_list()))
         kinds = sorted(set(recs["kind"].to_list()))
         df = stats_frame(d, opts.by, layers, kinds)
         for k, v in part.items():
             df = df.filter(pl.col(k) == v)
-        yield df.drop(list(part))
+        yield df
 
 
-def _export_one(opts: _Options, commit: Commit, path: str, real: str) -> dict[str, Any]:
+def _export_one(opts: _Options, commit: Commit, progress: Progress, path: str, real: str) -> dict[str, Any]:
     """Stage the state's files and marker, then publish them in one step; on failure, take any
     earlier export of the state away too (a failed state leaves nothing behind)."""
     key = _key(real)
-    row: dict[str, Any] = {"path": path, "status": "skipped", "rows": 0, "files": 0, "error": None}
+    row: dict[str, Any] = {
+        "path": path,
+        "dump": key,
+        "status": "skipped",
+        "rows": 0,
+        "files": 0,
+        "error": None,
+    }
     staged: Path | None = None
+    size = 0
+    read = 0
+
+    def advance(n: int) -> None:
+        nonlocal read
+        n = min(n, size - read)
+        read += n
+        progress.advance(n)
+
     try:
         # the source as it was before reading: a change during the export makes the marker stale
         source = _source_id(real)
+        size = source["size"]
         if _done(opts, commit, key, source):
             return row
         staged = commit.stage(key)
+        types: set[str] = set()
         with open(path, head_dim=opts.head_dim, model=opts.model, rotation=opts.rotation) as d:
             for part, recs in _partitions(opts, d):
-                dest = staged.joinpath(*[f"{k}={v}" for k, v in part.items()]) / f"{key}.parquet"
-                n = _write(_part_frames(opts, d, part, recs), dest)
+                dest = opts.dest(staged, key, part)
+                n, values = _write(_part_frames(opts, d, part, recs, advance), dest)
                 row["files"] += dest.exists()
                 row["rows"] += n
-        marker = {"source": source, "options": opts.signature(), "rows": row["rows"], "files": row["files"]}
+                types |= {values} if values else set()
+        marker = {
+            "source": source,
+            "options": opts.signature(),
+            "rows": row["rows"],
+            "files": row["files"],
+            "values": sorted(types),
+        }
         (staged / MARKER).write_text(json.dumps(marker))
         commit.publish(staged, key)
         row["status"] = "written"
@@ -205,21 +269,69 @@ def _export_one(opts: _Options, commit: Commit, path: str, real: str) -> dict[st
             commit.retire(key)
         except OSError as gone:
             row["error"] += f" (and its earlier export could not be removed: {gone})"
+    finally:
+        advance(size - read)
+        progress.state_done()
     return row
 
 
 def _report(rows: list[dict[str, Any]]) -> pl.DataFrame:
-    schema = {"path": pl.String(), "status": pl.String(), "rows": pl.Int64(), "files": pl.Int64()}
+    schema = {
+        "path": pl.String(),
+        "dump": pl.String(),
+        "status": pl.String(),
+        "rows": pl.Int64(),
+        "files": pl.Int64(),
+    }
     return pl.DataFrame(rows, schema={**schema, "error": pl.String()})
 
 
-def _progress(total: int) -> Any:
+def _size(path: str) -> int:
     try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        return None
-    # disable=None: silent when stderr is not a terminal
-    return tqdm(total=total, unit="state", desc="kvfast export", disable=None, file=sys.stderr)
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _types_in(out: Path, skip: set[str]) -> set[str]:
+    """The value types of the states already exported into `out` (but those in `skip`)."""
+    found: set[str] = set()
+    if not out.is_dir():
+        return found
+    for marker in out.glob(f"*/{MARKER}"):
+        if marker.parent.name in skip:
+            continue
+        try:
+            saved = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue
+        opts = saved.get("options", {})
+        if opts.get("what") != "values":
+            continue
+        found |= set(saved.get("values") or ["float16" if opts.get("dtype") is None else "float32"])
+    return found
+
+
+def _one_type(
+    files: dict[str, str], out: Path, head_dim: int | None, geometry: ModelGeometry | None, rotation: Mode
+) -> str | None:
+    """The values type of a whole export (``dtype=None``): float16 (None) when every state of
+    this run and every other state already in `out` is f16, else ``"float32"``."""
+    dumps = [d for d in (_try_open(f, head_dim, geometry, rotation) for f in files) if d is not None]
+    dtype = _values_schema(dumps)[1] if dumps else None
+    for dd in dumps:
+        dd.close()
+    others = _types_in(out, {_key(real) for real in files.values()})
+    if dtype is None and "float32" in others:
+        return "float32"  # join the float32 states already there: one type in OUT
+    if dtype == "float32" and "float16" in others:
+        warnings.warn(
+            f"{out} already holds float16 states and these need float32: its files now mix the two,"
+            " which some engines read wrongly (pyarrow casts every file to the first one's type). Read"
+            " it with kvfast.scan_export, or export every state again with dtype='float32'.",
+            stacklevel=3,
+        )
+    return dtype
 
 
 def _try_open(path: str, head_dim: int | None, model: ModelGeometry | None, rotation: Mode) -> Dump | None:
@@ -242,11 +354,23 @@ def export(
     by: str = "cell",
     dtype: str | None = None,
     rotation: Mode = "auto",
+    hive: bool = False,
+    progress: bool | None = None,
 ) -> pl.DataFrame:
-    """Write every state's value table (or statistics, ``what="stats"``, ``by=...``) as
-    hive-partitioned Parquet under ``out_dir``; returns the report: one row per state with its
-    status ('written', 'skipped' when already exported and unchanged, 'failed'), rows, files and
-    error. f16 values stay f16 (Parquet's Float16 logical type) unless ``dtype="float32"``.
+    """Write every state's value table (or statistics, ``what="stats"``, ``by=...``) as Parquet
+    under ``out_dir``, one folder per state, one file per partition; returns the report: one row
+    per state with its path, its id (``dump``, its folder's name), status ('written', 'skipped'
+    when already exported and unchanged, 'failed'), rows, files and error.
+
+    Every file holds every column, partition keys included. ``hive=True`` puts each partition in
+    a ``key=value`` folder (``layer=3/``) instead of naming the file after it (``layer-3.parquet``).
+
+    The values' type: ``dtype=None`` (default) one type for the whole of OUT, so that every engine
+    reads one schema: float16 (Parquet's FLOAT16) when every state is f16, else float32 (a warning
+    says so when OUT already holds float16 states); ``"float32"``: float32 everywhere;
+    ``"native"``: each file its own (float16 where all its records are f16, else float32), the
+    smallest, read with :func:`kvfast.scan_export` or :func:`kvfast.export_schema`.
+    ``progress``: a bar of bytes read on stderr (None: when stderr is a terminal).
 
     ``on_error="skip"`` reports a failing state and goes on; ``"fail"`` starts no new state once
     one has failed, lets those already started finish, and raises :class:`ExportError` carrying the
@@ -258,21 +382,19 @@ def export(
         raise ValueError(f"what must be 'values' or 'stats', not {what!r}")
     if on_error not in ("fail", "skip"):
         raise ValueError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
+    if dtype not in (None, "float32", "native"):
+        raise ValueError(f"dtype must be None, 'float32' or 'native', not {dtype!r}")
     bad = set(partition_by) - {"cache", "layer", "kind"}
     if bad:
         raise ValueError(f"partition_by takes cache, layer and kind, not {sorted(bad)}")
     files = _unique(expand(paths))
     geometry = model if model is None or isinstance(model, ModelGeometry) else ModelGeometry.from_gguf(model)
+    _check_layout(Path(out_dir))
     if what == "values" and dtype is None:
-        # one values type for the whole dataset: f16 when every state is f16
-        dumps = [d for d in (_try_open(f, head_dim, geometry, rotation) for f in files) if d is not None]
-        dtype = _values_schema(dumps)[1] if dumps else None
-        for dd in dumps:
-            dd.close()
-    opts = _Options(Path(out_dir), what, by, tuple(partition_by), head_dim, geometry, dtype, rotation)
-    _check_layout(opts.out)
+        dtype = _one_type(files, Path(out_dir), head_dim, geometry, rotation)
+    opts = _Options(Path(out_dir), what, by, tuple(partition_by), head_dim, geometry, dtype, rotation, hive)
     rows: list[dict[str, Any]] = []
-    bar = _progress(len(files))
+    bar = Progress(sum(_size(real) for real in files.values()), len(files), progress)
     failed: dict[str, Any] | None = None
     n_jobs = max(1, jobs or os.cpu_count() or 1)
     todo = iter(files.items())
@@ -281,19 +403,16 @@ def export(
         while True:
             # no new state is started once one has failed with on_error="fail"
             while failed is None and len(running) < n_jobs and (item := next(todo, None)) is not None:
-                running.add(pool.submit(_export_one, opts, commit, *item))
+                running.add(pool.submit(_export_one, opts, commit, bar, *item))
             if not running:
                 break
             done, running = wait(running, return_when=FIRST_COMPLETED)
             for fut in done:
                 row = fut.result()
                 rows.append(row)
-                if bar is not None:
-                    bar.update(1)
                 if row["status"] == "failed" and on_error == "fail" and failed is None:
                     failed = row
-    if bar is not None:
-        bar.close()
+    bar.close()
     order = {f: i for i, f in enumerate(files)}
     report = _report(sorted(rows, key=lambda r: order[r["path"]]))
     if failed is not None:

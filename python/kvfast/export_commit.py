@@ -1,7 +1,7 @@
 """How an export commits a state: staged out of sight, published by one rename, never seen partial.
 
-A state's export is one directory, ``OUT/<state>-<hash>/``, holding its Parquet files (under the
-partition directories, ``layer=3/...``) and its marker ``_kvfast.json``. It is written in full in a
+A state's export is one directory, ``OUT/<state>-<hash>/``, holding its Parquet files (one per
+partition, ``layer-3.parquet``, or under ``layer=3/`` folders) and its marker ``_kvfast.json``. It is written in full in a
 staging directory first, then published with a single ``rename(2)``, so a reader of ``OUT`` sees all
 of a state (files and marker) or none of it, whenever the export is stopped, even by SIGKILL.
 
