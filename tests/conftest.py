@@ -6,11 +6,15 @@ import pytest
 DATA = Path(__file__).parent / "data"
 # Folders written through the C API (probe.json lists their sequences); llama-server's slot saves
 # (gemma3-270m-server) have tests of their own.
-FOLDERS = sorted(
+_PROBED = sorted(
     p
     for p in DATA.iterdir()
     if (p / "probe.json").exists() and "seqs" in json.loads((p / "probe.json").read_text())
 )
+# States of memories other than one plain KV cache (V-less MLA, recurrent, hybrid; probe.json names
+# the memory): written by make_memories.py and tested by test_memories.py.
+MEMORY_FOLDERS = [p for p in _PROBED if "memory" in json.loads((p / "probe.json").read_text())]
+FOLDERS = [p for p in _PROBED if p not in MEMORY_FOLDERS]
 STATE_FILES = sorted(f for d in FOLDERS for f in d.iterdir() if f.suffix in (".bin", ".ggsq", ".ggsn"))
 
 
