@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -43,7 +42,6 @@ from kvfast.dataset import (
     _frame,
     _record_bytes,
     _records,
-    _values_schema,
     dump_id,
     expand,
     stats_frame,
@@ -52,6 +50,7 @@ from kvfast.dump import Dump, open
 from kvfast.errors import KvfastError
 from kvfast.export_commit import MARKER, Commit
 from kvfast.export_progress import Progress
+from kvfast.export_types import one_type
 from kvfast.model import ModelGeometry
 from kvfast.rotation import Mode
 
@@ -293,55 +292,6 @@ def _size(path: str) -> int:
         return 0
 
 
-def _types_in(out: Path, skip: set[str]) -> set[str]:
-    """The value types of the states already exported into `out` (but those in `skip`)."""
-    found: set[str] = set()
-    if not out.is_dir():
-        return found
-    for marker in out.glob(f"*/{MARKER}"):
-        if marker.parent.name in skip:
-            continue
-        try:
-            saved = json.loads(marker.read_text())
-        except (OSError, ValueError):
-            continue
-        opts = saved.get("options", {})
-        if opts.get("what") != "values":
-            continue
-        found |= set(saved.get("values") or ["float16" if opts.get("dtype") is None else "float32"])
-    return found
-
-
-def _one_type(
-    files: dict[str, str], out: Path, head_dim: int | None, geometry: ModelGeometry | None, rotation: Mode
-) -> str | None:
-    """The values type of a whole export (``dtype=None``): float16 (None) when every state of
-    this run and every other state already in `out` is f16, else ``"float32"``."""
-    dumps = [d for d in (_try_open(f, head_dim, geometry, rotation) for f in files) if d is not None]
-    dtype = _values_schema(dumps)[1] if dumps else None
-    for dd in dumps:
-        dd.close()
-    others = _types_in(out, {_key(real) for real in files.values()})
-    if dtype is None and "float32" in others:
-        return "float32"  # join the float32 states already there: one type in OUT
-    if dtype == "float32" and "float16" in others:
-        warnings.warn(
-            f"{out} already holds float16 states and these need float32: its files now mix the two,"
-            " which some engines read wrongly (pyarrow casts every file to the first one's type). Read"
-            " it with kvfast.scan_export, or export every state again with dtype='float32'.",
-            stacklevel=3,
-        )
-    return dtype
-
-
-def _try_open(path: str, head_dim: int | None, model: ModelGeometry | None, rotation: Mode) -> Dump | None:
-    """The dump, or None when it fails to open (the export reports it)."""
-    try:
-        return open(path, head_dim=head_dim, model=model, rotation=rotation)
-    except (KvfastError, OSError, ValueError):
-        return None
-
-
 def export(
     paths: Paths,
     out_dir: str | os.PathLike[str],
@@ -391,7 +341,7 @@ def export(
     geometry = model if model is None or isinstance(model, ModelGeometry) else ModelGeometry.from_gguf(model)
     _check_layout(Path(out_dir))
     if what == "values" and dtype is None:
-        dtype = _one_type(files, Path(out_dir), head_dim, geometry, rotation)
+        dtype = one_type(files, Path(out_dir), head_dim, geometry, rotation)
     opts = _Options(Path(out_dir), what, by, tuple(partition_by), head_dim, geometry, dtype, rotation, hive)
     rows: list[dict[str, Any]] = []
     bar = Progress(sum(_size(real) for real in files.values()), len(files), progress)
