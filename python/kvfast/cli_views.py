@@ -9,6 +9,7 @@ from typing import Any
 import kvfast
 from kvfast import views
 from kvfast.cli_args import non_negative_int, positive_int
+from kvfast.plot_scale import parse_cells
 
 
 def geometry_options(p: argparse.ArgumentParser) -> None:
@@ -75,7 +76,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         if len(args.paths) != 2:
             raise ValueError("kvfast plot diff takes two states: A B")
         with open_state(args.paths[0], args) as a, open_state(args.paths[1], args) as b:
-            fig = plot.diff(a, b)
+            fig = plot.diff(a, b, scale=args.scale)
             fig.savefig(args.output, dpi=args.dpi)
     else:
         if len(args.paths) != 1:
@@ -86,9 +87,18 @@ def _cmd_plot(args: argparse.Namespace) -> int:
             elif args.what == "heatmap":
                 if args.layer is None:
                     raise ValueError("kvfast plot heatmap needs --layer")
-                fig = plot.heatmap(d, args.layer, args.kind, cache=args.cache, per_head=args.per_head)
+                fig = plot.heatmap(
+                    d,
+                    args.layer,
+                    args.kind,
+                    cache=args.cache,
+                    per_head=args.per_head,
+                    scale=args.scale,
+                    clip=args.clip,
+                    cells=args.cells,
+                )
             else:
-                fig = plot.stats(d, outlier=args.outlier)
+                fig = plot.stats(d, outlier=args.outlier, skip_first=args.skip_first)
             fig.savefig(args.output, dpi=args.dpi)
     print(f"wrote {args.output}")
     return 0
@@ -139,7 +149,7 @@ def register(sub: Any) -> None:
         description="Draw a state: its layout to scale, |values| of a layer, per-layer statistics, or the error"
         " of one state against another.",
         epilog="examples: kvfast plot layout slot0.bin -o layout.png;"
-        " kvfast plot heatmap slot0.bin --layer 3 --kind k --per-head --head-dim 128 -o k.png;"
+        " kvfast plot heatmap slot0.bin --layer 3 --kind k --per-head --head-dim 128 --scale log -o k.png;"
         " kvfast plot diff f16.bin q8.bin -o diff.png",
     )
     plot.add_argument("what", choices=["layout", "heatmap", "stats", "diff"])
@@ -152,6 +162,19 @@ def register(sub: Any) -> None:
     plot.add_argument(
         "--outlier", type=float, default=4.0, help="stats: outlier channel threshold (x median)"
     )
+    plot.add_argument(
+        "--skip-first",
+        type=non_negative_int,
+        default=0,
+        help="stats: leave out positions < N (attention sinks)",
+    )
+    plot.add_argument(
+        "--scale", choices=["linear", "log"], default="linear", help="heatmap, diff: the colour scale"
+    )
+    plot.add_argument(
+        "--clip", type=float, help="heatmap: cap the colour scale at this percentile of |value| (e.g. 99.5)"
+    )
+    plot.add_argument("--cells", type=parse_cells, help="heatmap: only cells START:STOP (e.g. 0:64)")
     plot.add_argument("--dpi", type=positive_int, default=100)
     geometry_options(plot)
     plot.set_defaults(run=_cmd_plot)
