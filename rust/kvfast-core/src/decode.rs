@@ -150,6 +150,18 @@ pub fn decode_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> usize {
     blocks * bl
 }
 
+/// One value of a plain float type from its first bytes (for the element-major V of one cell);
+/// NaN for a block type, whose values mean nothing one at a time, or for too few bytes.
+#[inline(always)]
+pub(crate) fn float_at(ty: GgmlType, b: &[u8]) -> f32 {
+    match (ty, b) {
+        (GgmlType::F32, [a, b, c, d, ..]) => f32::from_le_bytes([*a, *b, *c, *d]),
+        (GgmlType::F16, [a, b, ..]) => f16::from_bits(u16::from_le_bytes([*a, *b])).to_f32(),
+        (GgmlType::Bf16, [a, b, ..]) => f32::from_bits((u16::from_le_bytes([*a, *b]) as u32) << 16),
+        _ => f32::NAN,
+    }
+}
+
 /// Rows per parallel task: enough work to amortize scheduling, small enough to balance.
 fn rows_per_task(row_values: usize) -> usize {
     (16384 / row_values.max(1)).max(1)
@@ -246,7 +258,7 @@ pub fn decode_transposed(ty: GgmlType, src: &[u8], cells: usize, n_embd: usize, 
                 }
                 for (j, v) in orow.iter_mut().enumerate() {
                     let s = (j * cells + c) * el;
-                    decode_row(ty, &src[s..s + el], std::slice::from_mut(v));
+                    *v = float_at(ty, &src[s..s + el]);
                 }
             }
         });

@@ -1,6 +1,6 @@
 //! One record's rows, borrowed from the state's bytes, decodable a range of cells at a time.
 
-use crate::decode::decode_row;
+use crate::decode::{decode_row, float_at};
 use crate::layout::Record;
 use crate::pages::populate;
 use crate::rotation::hadamard_groups;
@@ -107,7 +107,7 @@ impl<'a> RecordView<'a> {
                 }
                 for (j, v) in o.iter_mut().enumerate() {
                     let s = (j * self.cells + c) * el;
-                    decode_row(self.ty, &self.data[s..s + el], std::slice::from_mut(v));
+                    *v = float_at(self.ty, &self.data[s..s + el]);
                 }
             }
         }
