@@ -38,9 +38,11 @@ fn open() {
     run("open", checks::open);
 }
 
+/// f16-row-wider-than-source: issue 11's hole, an f16 row of 32 values decoded into 4096 (the
+/// F16C kernel read 16 bytes at a time past the source).
 #[test]
 fn decode() {
-    run("decode", checks::decode);
+    assert!(run("decode", checks::decode) >= 1);
 }
 
 /// nan-head-argmax: a cell of NaNs (here one past its record, read as NaN) gave argmax = head_dim,
