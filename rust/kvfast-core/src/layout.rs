@@ -48,6 +48,58 @@ pub struct Layer {
     pub v: Option<Record>,
 }
 
+impl Layer {
+    /// The layer's K record, or its V record (None when the model has no V).
+    pub fn record(&self, kind: Kind) -> Option<&Record> {
+        match kind {
+            Kind::K => Some(&self.k),
+            Kind::V => self.v.as_ref(),
+        }
+    }
+}
+
+/// K or V.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    K,
+    V,
+}
+
+impl Kind {
+    pub const BOTH: [Kind; 2] = [Kind::K, Kind::V];
+
+    /// "k" or "v", as tables and regions name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::K => "k",
+            Kind::V => "v",
+        }
+    }
+
+    /// "k", "K", "v" or "V".
+    pub fn parse(s: &str) -> Option<Kind> {
+        match s {
+            "k" | "K" => Some(Kind::K),
+            "v" | "V" => Some(Kind::V),
+            _ => None,
+        }
+    }
+
+    /// 0 for K, 1 for V: the index of per-kind pairs such as [K, V] rotation groups.
+    pub fn index(self) -> usize {
+        match self {
+            Kind::K => 0,
+            Kind::V => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stream {
     pub index: u32,

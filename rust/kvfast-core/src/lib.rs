@@ -13,17 +13,23 @@ pub mod file;
 pub mod gguf;
 pub mod guarantees;
 pub mod layout;
+pub mod matching;
 pub mod pages;
 pub mod quantize;
 pub mod rotation;
+pub mod round_trip;
+pub mod select;
 pub mod server_tokens;
 pub mod state;
 pub mod stats;
+pub mod table_plan;
+#[cfg(test)]
+mod testing;
 pub mod types;
 pub mod view;
 
 pub use container::{walk, WalkOptions};
 pub use error::{Error, Result};
-pub use layout::{Cache, Container, Layer, Layout, Record, Region, Stream};
+pub use layout::{Cache, Container, Kind, Layer, Layout, Record, Region, Stream};
 pub use state::StateFile;
 pub use types::GgmlType;

@@ -2,24 +2,23 @@
 
 use std::collections::HashMap;
 
-use kvfast_core::decode::decode_row;
+use kvfast_core::matching::{check_geometry, match_cells, CellIndex};
 use kvfast_core::quantize::quantize_row;
-use kvfast_core::rotation::hadamard_groups;
+use kvfast_core::round_trip::RoundTrip;
+use kvfast_core::select::{cell_seq_pairs, cells_from, grouped, jobs, model_layer, Job, Selection};
 use kvfast_core::stats::{
     accumulate, cell_stats as stats_of_cells, compare as compare_rows, round_trip_loss, Accum,
-    CellStats, Moments,
+    CellStats, LossSums, Moments,
 };
 use kvfast_core::view::RecordView;
-use kvfast_core::{GgmlType, StateFile};
+use kvfast_core::{GgmlType, Kind, StateFile};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::columns::Columns;
-use crate::errors::{Error, Mismatch, Result};
-use crate::rows::Dtype;
-use crate::state::{parse_kind, State};
+use crate::errors::{Error, Result};
+use crate::state::{parse_kinds, State};
 use crate::stream::ArrowStream;
-use crate::table::{cell_seq_pairs, jobs, model_layer, Job, Selection};
 
 /// What to compute over, as Python passes it.
 #[derive(FromPyObject)]
@@ -33,29 +32,39 @@ pub struct Select {
     model_layers: Option<Vec<Vec<i32>>>,
 }
 
+/// A pass over one state: kvfast-core's selection (in the state's rotation) and the model's layer
+/// map for the model_layer column.
+struct Pass {
+    sel: Selection,
+    model_layers: Option<Vec<Vec<i32>>>,
+}
+
 impl Select {
-    fn selection(self, state: &State) -> Result<Selection> {
-        let kinds = match self.kinds {
-            None => vec!["k", "v"],
-            Some(ks) => ks.iter().map(|k| parse_kind(k)).collect::<Result<_>>()?,
-        };
-        Ok(Selection {
-            caches: self.caches,
-            layers: self.layers,
-            kinds,
-            heads: None,
-            dtype: Dtype::F32,
-            head_dim_k: self.head_dim_k,
-            head_dim_v: self.head_dim_v,
+    fn pass(self, state: &State) -> Result<Pass> {
+        Ok(Pass {
+            sel: Selection {
+                caches: self.caches,
+                layers: self.layers,
+                kinds: parse_kinds(self.kinds)?,
+                heads: None,
+                head_dim_k: self.head_dim_k,
+                head_dim_v: self.head_dim_v,
+                rotation: state.rotation_groups(),
+            },
             model_layers: self.model_layers,
-            with_values: true,
-            rotation: state.rotation_groups(),
         })
     }
 }
 
-fn view<'a>(sf: &'a StateFile, job: &Job<'a>) -> RecordView<'a> {
-    RecordView::new(sf.bytes(), job.rec, job.stream.cell_count as usize).with_rotation(job.rotation)
+impl Pass {
+    fn model_layer(&self, sf: &StateFile, job: &Job) -> Option<i32> {
+        model_layer(
+            &sf.layout,
+            self.model_layers.as_deref(),
+            job.cache,
+            job.layer,
+        )
+    }
 }
 
 /// One row per (cache, stream, layer, kind, cell, sequence, head).
@@ -67,18 +76,18 @@ pub fn cell_stats(
     skip_first: i32,
 ) -> Result<ArrowStream> {
     let sf = state.get()?;
-    let sel = sel.selection(state)?;
+    let pass = sel.pass(state)?;
     py.detach(|| {
         let mut batches = vec![];
-        for job in jobs(&sf, &sel)? {
+        for job in jobs(&sf.layout, &pass.sel)? {
             let pairs = cell_seq_pairs(job.stream, sf.layout.seq_id, skip_first);
             let cells: Vec<usize> = pairs.iter().map(|p| p.0).collect();
-            let stats = stats_of_cells(&view(&sf, &job), &cells, job.head_dim);
-            batches.push(cell_batch(&sf, &sel, &job, &pairs, stats));
+            let stats = stats_of_cells(&job.view(sf.bytes()), &cells, job.head_dim);
+            batches.push(cell_batch(&job, pass.model_layer(&sf, &job), &pairs, stats));
         }
         let schema = match batches.first() {
             Some(b) => b.schema(),
-            None => cell_batch(&sf, &sel, &empty_job(&sf)?, &[], CellStats::default()).schema(),
+            None => cell_batch(&empty_job(&sf)?, None, &[], CellStats::default()).schema(),
         };
         Ok(ArrowStream { schema, batches })
     })
@@ -97,7 +106,7 @@ fn empty_job(sf: &StateFile) -> Result<Job<'_>> {
         cache: 0,
         stream,
         layer: 0,
-        kind: "k",
+        kind: Kind::K,
         rec: &stream.layers[0].k,
         head_dim: 1,
         rotation: 0,
@@ -106,16 +115,15 @@ fn empty_job(sf: &StateFile) -> Result<Job<'_>> {
 
 /// One record's cell statistics as a batch: index columns, then the statistics.
 fn cell_batch(
-    sf: &StateFile,
-    sel: &Selection,
     job: &Job,
+    model_layer: Option<i32>,
     pairs: &[(usize, Option<i32>)],
     stats: CellStats,
 ) -> arrow_array::RecordBatch {
-    let nh = job.rec.n_embd as usize / job.head_dim;
+    let nh = job.n_heads();
     let n = pairs.len() * nh;
     let mut keys = Keys::default();
-    keys.extend(job, model_layer(sf, sel, job.cache, job.layer), n);
+    keys.extend(job, model_layer, n);
     let (mut cell, mut pos, mut seq, mut head) = (
         Vec::with_capacity(n),
         Vec::with_capacity(n),
@@ -154,23 +162,6 @@ fn cell_batch(
     out.batch()
 }
 
-/// Group the selected records by (cache, layer, kind) across streams, in first-seen order.
-fn grouped<'a>(sf: &'a StateFile, sel: &Selection) -> Result<Vec<Vec<Job<'a>>>> {
-    let mut order: Vec<(u32, u32, &str)> = vec![];
-    let mut groups: HashMap<(u32, u32, &str), Vec<Job<'a>>> = HashMap::new();
-    for job in jobs(sf, sel)? {
-        let key = (job.cache, job.layer, job.kind);
-        if !groups.contains_key(&key) {
-            order.push(key);
-        }
-        groups.entry(key).or_default().push(job);
-    }
-    Ok(order
-        .into_iter()
-        .map(|k| groups.remove(&k).expect("grouped"))
-        .collect())
-}
-
 /// The (cache, layer, model_layer, kind) columns of a per-record table.
 #[derive(Default)]
 struct Keys {
@@ -189,7 +180,7 @@ impl Keys {
         self.cache.extend(std::iter::repeat_n(job.cache as i32, n));
         self.layer.extend(std::iter::repeat_n(job.layer as i32, n));
         self.model_layer.extend(std::iter::repeat_n(model_layer, n));
-        self.kind.extend(std::iter::repeat_n(job.kind, n));
+        self.kind.extend(std::iter::repeat_n(job.kind.name(), n));
     }
 
     fn write(self, out: &mut Columns) {
@@ -278,24 +269,22 @@ pub fn aggregate_stats(
     skip_first: i32,
 ) -> Result<(ArrowStream, ArrowStream, ArrowStream)> {
     let sf = state.get()?;
-    let sel = sel.selection(state)?;
+    let pass = sel.pass(state)?;
     py.detach(|| {
         let (mut chan, mut head, mut layer) = (
             Aggregate::default(),
             Aggregate::default(),
             Aggregate::default(),
         );
-        for group in grouped(&sf, &sel)? {
+        for group in grouped(jobs(&sf.layout, &pass.sel)?) {
             let j0 = &group[0];
             let (hd, n) = (j0.head_dim, j0.rec.n_embd as usize);
             let mut acc = Accum::new(n, n / hd);
             for job in &group {
-                let cells: Vec<usize> = (0..job.stream.cell_count as usize)
-                    .filter(|c| job.stream.pos[*c] >= skip_first)
-                    .collect();
-                acc.merge(&accumulate(&view(&sf, job), &cells, hd));
+                let cells = cells_from(job.stream, skip_first);
+                acc.merge(&accumulate(&job.view(sf.bytes()), &cells, hd));
             }
-            let ml = model_layer(&sf, &sel, j0.cache, j0.layer);
+            let ml = pass.model_layer(&sf, j0);
             for (c, m) in acc.channels.iter().enumerate() {
                 chan.keys.push(j0, ml);
                 chan.head.push((c / hd) as i32);
@@ -346,7 +335,7 @@ pub fn quant_error(
     rotate: (usize, usize),
 ) -> Result<ArrowStream> {
     let sf = state.get()?;
-    let sel = sel.selection(state)?;
+    let pass = sel.pass(state)?;
     let ty = parse_type(type_name)?;
     py.detach(|| {
         let mut out = Columns::default();
@@ -354,56 +343,28 @@ pub fn quant_error(
             (vec![], vec![], vec![], vec![], vec![]);
         let mut cols: [Vec<f64>; 8] = Default::default();
         let mut count = vec![];
-        for group in grouped(&sf, &sel)? {
+        for group in grouped(jobs(&sf.layout, &pass.sel)?) {
             let j0 = &group[0];
             let n = j0.rec.n_embd as usize;
-            if ty.row_bytes(n as u64).is_none() {
-                return Err(Error::RowsNotWholeBlocks {
-                    layer: j0.layer,
-                    kind: j0.kind,
-                    n,
-                    ty,
-                });
-            }
-            let rot = if j0.kind == "k" { rotate.0 } else { rotate.1 };
-            if rot > 0 && (!rot.is_power_of_two() || n % rot != 0) {
-                return Err(Error::SimulatedRotation {
-                    group: rot,
-                    n,
-                    layer: j0.layer,
-                    kind: j0.kind,
-                });
-            }
-            // The quantized row is sized from the row itself (every stream's rows have one width:
-            // the walk checks it), so no row is ever read into another's width.
-            let trip = move |x: &[f32], y: &mut [f32]| {
-                let mut q = vec![0u8; ty.row_bytes(x.len() as u64).unwrap_or(0) as usize];
-                if rot > 0 {
-                    let mut r = x.to_vec();
-                    hadamard_groups(&mut r, rot);
-                    quantize_row(ty, &r, &mut q);
-                    decode_row(ty, &q, y);
-                    hadamard_groups(y, rot);
-                } else {
-                    quantize_row(ty, x, &mut q);
-                    decode_row(ty, &q, y);
-                }
+            let rot = match j0.kind {
+                Kind::K => rotate.0,
+                Kind::V => rotate.1,
             };
-            let mut sums = vec![Default::default(); n / j0.head_dim];
+            let rt = RoundTrip::new(ty, rot, n, j0.layer, j0.kind)?;
+            let trip = move |x: &[f32], y: &mut [f32]| rt.apply(x, y);
+            let mut sums = vec![LossSums::default(); n / j0.head_dim];
             for job in &group {
-                let cells: Vec<usize> = (0..job.stream.cell_count as usize)
-                    .filter(|c| job.stream.pos[*c] >= skip_first)
-                    .collect();
-                let s = round_trip_loss(&view(&sf, job), &cells, j0.head_dim, &trip);
+                let cells = cells_from(job.stream, skip_first);
+                let s = round_trip_loss(&job.view(sf.bytes()), &cells, j0.head_dim, &trip);
                 for (a, b) in sums.iter_mut().zip(&s) {
-                    kvfast_core::stats::LossSums::merge(a, b);
+                    a.merge(b);
                 }
             }
             for (h, s) in sums.iter().enumerate() {
                 cache.push(j0.cache as i32);
                 layer.push(j0.layer as i32);
-                ml.push(model_layer(&sf, &sel, j0.cache, j0.layer));
-                kind.push(j0.kind);
+                ml.push(pass.model_layer(&sf, j0));
+                kind.push(j0.kind.name());
                 head.push(h as i32);
                 count.push(s.count);
                 let c = s.count as f64;
@@ -460,67 +421,45 @@ pub fn quantize<'py>(
     Ok(PyBytes::new(py, &out))
 }
 
-type Key = (Option<i32>, i32);
-
-/// Errors of `b` against `a`, cells matched by (sequence, position).
+/// Errors of `b` against `a`, cells matched by (sequence, position) (kvfast-core's `matching`).
 #[pyfunction]
 pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> Result<ArrowStream> {
     let (sa, sb) = (a.get()?, b.get()?);
-    let sel = sel.selection(a)?;
+    let pass = sel.pass(a)?;
     let rot_b = b.rotation_groups();
     py.detach(|| {
-        check_geometry(&sa, &sb)?;
+        check_geometry(&sa.layout, &sb.layout)?;
         let mut out = Columns::default();
         let mut idx: [Vec<i32>; 5] = Default::default();
         let (mut ml, mut kinds, mut seqs) = (vec![], vec![], vec![]);
         let mut cols: [Vec<f64>; 4] = Default::default();
-        for job in jobs(&sa, &sel)? {
+        let mut index_b: HashMap<u32, CellIndex> = HashMap::new();
+        for job in jobs(&sa.layout, &pass.sel)? {
             let cb = &sb.layout.caches[job.cache as usize];
-            let mut where_b: HashMap<Key, (usize, usize)> = HashMap::new();
-            for (si, s) in cb.streams.iter().enumerate() {
-                for (c, q) in cell_seq_pairs(s, sb.layout.seq_id, i32::MIN) {
-                    where_b.insert((q, s.pos[c]), (si, c));
-                }
-            }
-            let pairs_a = cell_seq_pairs(job.stream, sa.layout.seq_id, i32::MIN);
-            let mut by_stream: HashMap<usize, Vec<(usize, usize, Option<i32>)>> = HashMap::new();
-            let mut missing = vec![];
-            for (c, q) in &pairs_a {
-                match where_b.get(&(*q, job.stream.pos[*c])) {
-                    Some((si, cbi)) => by_stream.entry(*si).or_default().push((*c, *cbi, *q)),
-                    None => missing.push((*q, job.stream.pos[*c])),
-                }
-            }
-            if let Some((q, p)) = missing.first() {
-                return Err(Mismatch::Cells {
-                    missing: missing.len(),
-                    cache: job.cache,
-                    stream: job.stream.index,
-                    seq: *q,
-                    pos: *p,
-                }
-                .into());
-            }
-            let mut streams: Vec<_> = by_stream.into_iter().collect();
-            streams.sort_by_key(|s| s.0);
-            let va = view(&sa, &job);
-            for (si, triples) in streams {
-                let s_b = &cb.streams[si];
-                let lb = &s_b.layers[job.layer as usize];
-                let rec_b = if job.kind == "k" {
-                    &lb.k
-                } else {
-                    lb.v.as_ref().expect("geometry checked")
+            let ib = index_b
+                .entry(job.cache)
+                .or_insert_with(|| CellIndex::new(cb, sb.layout.seq_id));
+            let matched = match_cells(job.cache, job.stream, sa.layout.seq_id, ib)?;
+            let va = job.view(sa.bytes());
+            let nh = job.n_heads();
+            let m = pass.model_layer(&sa, &job);
+            for part in matched {
+                let s_b = &cb.streams[part.stream];
+                let Some(rec_b) = s_b
+                    .layers
+                    .get(job.layer as usize)
+                    .and_then(|l| l.record(job.kind))
+                else {
+                    continue; // never: the geometry and the walk make B's streams agree with A's
                 };
-                let ki = usize::from(job.kind == "v");
-                let vb = RecordView::new(sb.bytes(), rec_b, s_b.cell_count as usize)
-                    .with_rotation(rot_b.get(job.cache as usize).map_or(0, |g| g[ki]));
-                let pairs: Vec<(usize, usize)> = triples.iter().map(|t| (t.0, t.1)).collect();
-                let stats = compare_rows(&va, &vb, &pairs, job.head_dim);
-                let nh = job.rec.n_embd as usize / job.head_dim;
-                let m = model_layer(&sa, &sel, job.cache, job.layer);
+                let vb = RecordView::new(sb.bytes(), rec_b, s_b.cell_count as usize).with_rotation(
+                    rot_b
+                        .get(job.cache as usize)
+                        .map_or(0, |g| g[job.kind.index()]),
+                );
+                let stats = compare_rows(&va, &vb, &part.cells, job.head_dim);
                 for (i, st) in stats.iter().enumerate() {
-                    let (ca, _, q) = triples[i / nh];
+                    let (ca, _) = part.cells[i / nh];
                     for (col, v) in idx.iter_mut().zip([
                         job.cache as i32,
                         job.layer as i32,
@@ -531,8 +470,8 @@ pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> Result<Arro
                         col.push(v);
                     }
                     ml.push(m);
-                    kinds.push(job.kind);
-                    seqs.push(q);
+                    kinds.push(job.kind.name());
+                    seqs.push(part.seqs[i / nh]);
                     for (col, v) in cols.iter_mut().zip([st.mse, st.max_abs, st.cosine, st.rel]) {
                         col.push(v);
                     }
@@ -555,47 +494,4 @@ pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> Result<Arro
         out.f64("rel", rel);
         Ok(out.finish())
     })
-}
-
-fn check_geometry(a: &StateFile, b: &StateFile) -> std::result::Result<(), Mismatch> {
-    let (ca, cb) = (&a.layout.caches, &b.layout.caches);
-    if ca.len() != cb.len() {
-        return Err(Mismatch::Caches {
-            a: ca.len(),
-            b: cb.len(),
-        });
-    }
-    for (i, (x, y)) in ca.iter().zip(cb).enumerate() {
-        let shape = |c: &kvfast_core::Cache| -> Vec<(u64, Option<u64>)> {
-            c.streams
-                .iter()
-                .find(|s| s.cell_count > 0)
-                .map(|s| {
-                    s.layers
-                        .iter()
-                        .map(|l| (l.k.n_embd, l.v.as_ref().map(|v| v.n_embd)))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let (sx, sy) = (shape(x), shape(y));
-        if sx.len() != sy.len() {
-            return Err(Mismatch::Layers {
-                cache: i,
-                a: sx.len(),
-                b: sy.len(),
-            });
-        }
-        for (l, (p, q)) in sx.iter().zip(&sy).enumerate() {
-            if p != q {
-                return Err(Mismatch::Rows {
-                    cache: i,
-                    layer: l,
-                    a: *p,
-                    b: *q,
-                });
-            }
-        }
-    }
-    Ok(())
 }

@@ -2,9 +2,10 @@
 //! KvfastError subclass (field, offset and kind as attributes) or OSError; every other error is a
 //! usage error, raised as ValueError.
 
-use std::collections::BTreeSet;
 use std::path::Path;
 
+use kvfast_core::matching::Mismatch;
+use kvfast_core::select::PlanError;
 use kvfast_core::GgmlType;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyOSError, PyValueError};
@@ -16,10 +17,10 @@ pub enum Error {
     /// Reading the state or a model: a KvfastError subclass, or OSError with the path.
     #[error(transparent)]
     Core(#[from] kvfast_core::Error),
-    /// The selection does not fit the state (head sizes, heads).
+    /// The selection does not fit the state (head sizes, heads, a type's blocks).
     #[error(transparent)]
     Plan(#[from] PlanError),
-    /// Two states that cannot be compared.
+    /// Two states that cannot be compared (kvfast.compare makes it a MatchError).
     #[error(transparent)]
     Mismatch(#[from] Mismatch),
     #[error("the state is closed")]
@@ -34,21 +35,6 @@ pub enum Error {
     UnknownType(String),
     #[error("{n} values are not whole {ty} blocks")]
     NotWholeBlocks { n: usize, ty: GgmlType },
-    #[error("layer {layer} {kind} rows of {n} values are not whole {ty} blocks of {block}", block = .ty.block_len())]
-    RowsNotWholeBlocks {
-        layer: u32,
-        kind: &'static str,
-        n: usize,
-        ty: GgmlType,
-    },
-    /// quant_error's simulated rotation does not fit a row.
-    #[error("rotation group {group} does not divide the {n} values of layer {layer} {kind} rows")]
-    SimulatedRotation {
-        group: usize,
-        n: usize,
-        layer: u32,
-        kind: &'static str,
-    },
     #[error("{given} rotation entries for {caches} caches")]
     RotationEntries { given: usize, caches: usize },
     #[error("rotation group {group} of cache {cache}: expected 0 or a power of two >= 64")]
@@ -84,53 +70,6 @@ pub enum Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
-
-/// Why two states cannot be compared (raised as ValueError; kvfast.compare makes it a MatchError).
-#[derive(Debug, thiserror::Error)]
-pub enum Mismatch {
-    #[error("A has {a} KV caches, B has {b}")]
-    Caches { a: usize, b: usize },
-    #[error("cache {cache}: A has {a} layers, B has {b}")]
-    Layers { cache: usize, a: usize, b: usize },
-    #[error("cache {cache} layer {layer}: A has {a:?} values per K/V row, B has {b:?}")]
-    Rows {
-        cache: usize,
-        layer: usize,
-        a: (u64, Option<u64>),
-        b: (u64, Option<u64>),
-    },
-    #[error("cannot match the states: {missing} (sequence, position) pairs of A's cache {cache} stream {stream} have no cell in B (first: sequence {seq}, position {pos})", seq = .seq.map_or("none".to_string(), |q| q.to_string()))]
-    Cells {
-        missing: usize,
-        cache: u32,
-        stream: u32,
-        seq: Option<i32>,
-        pos: i32,
-    },
-}
-
-/// A selection that does not fit the state's records.
-#[derive(Debug, thiserror::Error)]
-pub enum PlanError {
-    #[error("head_dim must be positive")]
-    HeadDimZero,
-    #[error("head_dim {head_dim} does not divide the {n} values per {kind} row of layer {layer}")]
-    HeadDim {
-        head_dim: u64,
-        n: u64,
-        kind: &'static str,
-        layer: u32,
-    },
-    #[error("head {head} out of range: layer {layer} {kind} has {n} heads")]
-    Head {
-        head: u32,
-        layer: u32,
-        kind: &'static str,
-        n: usize,
-    },
-    #[error("the selected records have different head sizes {0:?}: select kinds=['k'] or ['v'] separately")]
-    HeadSizes(BTreeSet<usize>),
-}
 
 /// "f32, f16, ..., q5_1 or iq4_nl": every type a cache can hold.
 fn type_names() -> String {
@@ -289,14 +228,12 @@ mod tests {
             "unknown cache type \"q3_k\": expected f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl"
         );
         assert_eq!(
-            Error::RowsNotWholeBlocks {
-                layer: 2,
-                kind: "v",
+            Error::NotWholeBlocks {
                 n: 48,
-                ty: GgmlType::Q8_0
+                ty: GgmlType::Q4_1
             }
             .to_string(),
-            "layer 2 v rows of 48 values are not whole q8_0 blocks of 32"
+            "48 values are not whole q4_1 blocks"
         );
         assert_eq!(
             Error::from(PlanError::HeadSizes([64, 128].into())).to_string(),
@@ -305,28 +242,26 @@ mod tests {
     }
 
     #[test]
-    fn mismatches_name_the_first_unmatched_cell() {
-        let e = Mismatch::Cells {
+    fn core_plan_errors_keep_their_messages() {
+        let e = Error::from(Mismatch::Cells {
             missing: 3,
             cache: 0,
             stream: 1,
             seq: None,
             pos: 7,
-        };
+        });
+        assert!(matches!(e, Error::Mismatch(_)));
         assert_eq!(
             e.to_string(),
             "cannot match the states: 3 (sequence, position) pairs of A's cache 0 stream 1 have no cell in B (first: sequence none, position 7)"
         );
-        let e = Mismatch::Rows {
-            cache: 1,
-            layer: 0,
-            a: (64, Some(64)),
-            b: (64, None),
-        };
-        assert_eq!(
-            e.to_string(),
-            "cache 1 layer 0: A has (64, Some(64)) values per K/V row, B has (64, None)"
-        );
+        let e = Error::from(PlanError::Head {
+            head: 9,
+            layer: 3,
+            kind: kvfast_core::Kind::V,
+            n: 2,
+        });
+        assert_eq!(e.to_string(), "head 9 out of range: layer 3 v has 2 heads");
     }
 
     #[test]

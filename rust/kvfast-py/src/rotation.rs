@@ -1,6 +1,7 @@
 //! llama.cpp's rotation rule, for Python to plan with (the rule lives in kvfast-core).
 
 use kvfast_core::rotation::{k_group, v_group};
+use kvfast_core::Kind;
 use pyo3::prelude::*;
 
 use crate::errors::{Error, Result};
@@ -12,9 +13,8 @@ use crate::state::parse_kind;
 pub fn rotation_group(kind: &str, type_name: &str, head_dim: Option<u64>) -> Result<Option<usize>> {
     let ty = kvfast_core::GgmlType::from_name(type_name)
         .ok_or_else(|| Error::UnknownType(type_name.to_string()))?;
-    Ok(if parse_kind(kind)? == "k" {
-        k_group(ty, head_dim)
-    } else {
-        v_group(ty, head_dim)
+    Ok(match parse_kind(kind)? {
+        Kind::K => k_group(ty, head_dim),
+        Kind::V => v_group(ty, head_dim),
     })
 }

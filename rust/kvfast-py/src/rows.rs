@@ -7,31 +7,8 @@ use std::sync::Arc;
 use arrow_buffer::Buffer;
 use kvfast_core::alloc::{fresh_bytes, fresh_f32};
 use kvfast_core::decode::{decode_rows, decode_transposed, transpose_bytes};
-use kvfast_core::{GgmlType, Record, StateFile};
-
-/// What the caller asked values to be.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Dtype {
-    /// f16 and f32 as stored, everything else decoded to f32.
-    Stored,
-    F32,
-}
-
-/// The element type of decoded rows.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Out {
-    F16,
-    F32,
-}
-
-impl Out {
-    pub fn size(self) -> usize {
-        match self {
-            Out::F16 => 2,
-            Out::F32 => 4,
-        }
-    }
-}
+use kvfast_core::table_plan::{out_type, row_source, Dtype, Out, RowSource};
+use kvfast_core::{Record, StateFile};
 
 /// `cells` rows of `n_embd` values of type `out`, cell-major.
 pub struct Rows {
@@ -43,15 +20,10 @@ pub struct Rows {
     pub zero_copy: bool,
 }
 
-pub fn out_type(ty: GgmlType, dtype: Dtype) -> Out {
-    match (ty, dtype) {
-        (GgmlType::F16, Dtype::Stored) => Out::F16,
-        _ => Out::F32,
-    }
-}
-
-/// `rotation`: undo llama.cpp's rotation in groups of that many values (0: as stored); only
-/// quantized records are ever rotated, so f16 and f32 views stay views.
+/// `rec`'s `cells` rows as `dtype` asks, read in groups of `rotation` (0: as stored), as
+/// kvfast-core's plan says (`out_type`, `row_source`): a view of the map where the bytes are the rows
+/// and their offset is aligned for the type, else decoded or transposed into fresh memory, in
+/// parallel.
 pub fn record_rows(
     sf: &StateFile,
     rec: &Record,
@@ -59,17 +31,15 @@ pub fn record_rows(
     dtype: Dtype,
     rotation: usize,
 ) -> Rows {
-    let out = out_type(rec.ty, dtype);
+    let out = out_type(rec.ty, dtype, rotation);
     let src = &sf.bytes()[rec.data_offset as usize..(rec.data_offset + rec.data_len) as usize];
     let n_embd = rec.n_embd as usize;
-    let stored = rotation == 0
-        && ((rec.ty == GgmlType::F16 && out == Out::F16)
-            || (rec.ty == GgmlType::F32 && out == Out::F32));
-    let (buf, zero_copy) = if stored && !rec.transposed {
-        if src.is_empty() || (src.as_ptr() as usize) % out.size() != 0 {
+    let (buf, zero_copy) = match row_source(rec, out, rotation) {
+        RowSource::View if src.is_empty() || (src.as_ptr() as usize) % out.size() != 0 => {
             // Not aligned for the value type (or nothing to view): copy into aligned memory.
             (Buffer::from(src), false)
-        } else {
+        }
+        RowSource::View => {
             let ptr = NonNull::new(src.as_ptr() as *mut u8).expect("mapped bytes are not null");
             let owner: Arc<dyn arrow_buffer::alloc::Allocation> = sf.data.clone();
             // SAFETY: `ptr..ptr+len` lies inside the map, which `owner` keeps alive and unchanged.
@@ -78,25 +48,22 @@ pub fn record_rows(
                 true,
             )
         }
-    } else if stored {
-        let mut m = fresh_bytes(src.len());
-        transpose_bytes(src, out.size(), cells, n_embd, &mut m);
-        (Buffer::from_vec(m), false)
-    } else {
-        let mut v = fresh_f32(cells * n_embd);
-        if rec.transposed {
-            decode_transposed(rec.ty, src, cells, n_embd, &mut v);
-        } else {
-            decode_rows(
-                rec.ty,
-                src,
-                rec.row_bytes as usize,
-                n_embd,
-                rotation,
-                &mut v,
-            );
+        RowSource::Transpose => {
+            let mut m = fresh_bytes(src.len());
+            transpose_bytes(src, out.size(), cells, n_embd, &mut m);
+            (Buffer::from_vec(m), false)
         }
-        (Buffer::from_vec(v), false)
+        RowSource::Decode => {
+            let mut v = fresh_f32(cells * n_embd);
+            let rb = rec.row_bytes as usize;
+            decode_rows(rec.ty, src, rb, n_embd, rotation, &mut v);
+            (Buffer::from_vec(v), false)
+        }
+        RowSource::DecodeTransposed => {
+            let mut v = fresh_f32(cells * n_embd);
+            decode_transposed(rec.ty, src, cells, n_embd, &mut v);
+            (Buffer::from_vec(v), false)
+        }
     };
     Rows {
         buf,
@@ -111,6 +78,7 @@ pub fn record_rows(
 mod tests {
     use super::*;
     use crate::testing::{state, value};
+    use kvfast_core::GgmlType;
 
     #[test]
     fn aligned_f16_rows_are_a_view_of_the_bytes() {
@@ -133,7 +101,7 @@ mod tests {
     fn quantized_rows_decode_to_f32() {
         let sf = state(1, 1, 32, GgmlType::Q8_0);
         let rec = &sf.layout.caches[0].streams[0].layers[0].k;
-        assert_eq!(out_type(rec.ty, Dtype::Stored), Out::F32);
+        assert_eq!(out_type(rec.ty, Dtype::Stored, 0), Out::F32);
         let r = record_rows(&sf, rec, 1, Dtype::Stored, 0);
         assert!(!r.zero_copy);
         let vals: &[f32] = r.buf.typed_data();

@@ -3,15 +3,17 @@
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use kvfast_core::{GgmlType, Record, StateFile, WalkOptions};
+use kvfast_core::select::Selection;
+use kvfast_core::table_plan::{Dtype, Out};
+use kvfast_core::{GgmlType, Kind, Record, StateFile, WalkOptions};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::buf::{i32s, Buf};
 use crate::errors::{Error, Result};
-use crate::rows::{record_rows, Dtype, Out};
+use crate::rows::record_rows;
 use crate::stream::ArrowStream;
-use crate::table::{batches, Selection};
+use crate::table::{batches, TableRequest};
 
 #[pyclass(frozen, module = "kvfast._kvfast")]
 pub struct State {
@@ -28,11 +30,15 @@ fn parse_dtype(dtype: Option<&str>) -> Result<Dtype> {
     }
 }
 
-pub(crate) fn parse_kind(kind: &str) -> Result<&'static str> {
-    match kind {
-        "k" | "K" => Ok("k"),
-        "v" | "V" => Ok("v"),
-        _ => Err(Error::Kind(kind.to_string())),
+pub(crate) fn parse_kind(kind: &str) -> Result<Kind> {
+    Kind::parse(kind).ok_or_else(|| Error::Kind(kind.to_string()))
+}
+
+/// The kinds Python selected (None: K then V).
+pub(crate) fn parse_kinds(kinds: Option<Vec<String>>) -> Result<Vec<Kind>> {
+    match kinds {
+        None => Ok(Kind::BOTH.to_vec()),
+        Some(ks) => ks.iter().map(|k| parse_kind(k)).collect(),
     }
 }
 
@@ -67,7 +73,7 @@ impl State {
         stream: usize,
         layer: usize,
         kind: &str,
-    ) -> Result<&'a Record> {
+    ) -> Result<(&'a Record, Kind)> {
         let c = sf.layout.caches.get(cache).ok_or(Error::NoCache(cache))?;
         let s = c
             .streams
@@ -79,11 +85,8 @@ impl State {
             layers: s.layers.len(),
             layer,
         })?;
-        if parse_kind(kind)? == "k" {
-            Ok(&l.k)
-        } else {
-            l.v.as_ref().ok_or(Error::NoV(layer))
-        }
+        let kind = parse_kind(kind)?;
+        Ok((l.record(kind).ok_or(Error::NoV(layer))?, kind))
     }
 }
 
@@ -313,13 +316,15 @@ impl State {
     ) -> Result<(Buf, &'static str, usize, usize, bool)> {
         let sf = self.get()?;
         let dtype = parse_dtype(dtype)?;
-        let rec = Self::record(&sf, cache, stream, layer, kind)?.clone();
+        let (rec, kind) = Self::record(&sf, cache, stream, layer, kind)?;
+        let rec = rec.clone();
         let cells = sf.layout.caches[cache].streams[stream].cell_count as usize;
-        let ki = usize::from(parse_kind(kind)? == "v");
         let rot = if stored {
             0
         } else {
-            self.rotation_groups().get(cache).map_or(0, |g| g[ki])
+            self.rotation_groups()
+                .get(cache)
+                .map_or(0, |g| g[kind.index()])
         };
         let r = py.detach(|| record_rows(&sf, &rec, cells, dtype, rot));
         let name = if r.out == Out::F16 {
@@ -347,24 +352,22 @@ impl State {
         with_values: bool,
     ) -> Result<ArrowStream> {
         let sf = self.get()?;
-        let kinds = match kinds {
-            None => vec!["k", "v"],
-            Some(ks) => ks.iter().map(|k| parse_kind(k)).collect::<Result<_>>()?,
-        };
-        let sel = Selection {
-            caches,
-            layers,
-            kinds,
-            heads,
+        let req = TableRequest {
+            sel: Selection {
+                caches,
+                layers,
+                kinds: parse_kinds(kinds)?,
+                heads,
+                head_dim_k,
+                head_dim_v,
+                rotation: self.rotation_groups(),
+            },
             dtype: parse_dtype(dtype)?,
-            head_dim_k,
-            head_dim_v,
             model_layers,
             with_values,
-            rotation: self.rotation_groups(),
         };
         let seq_default = sf.layout.seq_id;
-        let (schema, batches) = py.detach(|| batches(&sf, &sel, seq_default))?;
+        let (schema, batches) = py.detach(|| batches(&sf, &req, seq_default))?;
         Ok(ArrowStream { schema, batches })
     }
 }
@@ -375,8 +378,13 @@ mod tests {
 
     #[test]
     fn kinds_and_dtypes() {
-        assert_eq!(parse_kind("K").unwrap(), "k");
-        assert_eq!(parse_kind("v").unwrap(), "v");
+        assert_eq!(parse_kind("K").unwrap(), Kind::K);
+        assert_eq!(parse_kind("v").unwrap(), Kind::V);
+        assert_eq!(parse_kinds(None).unwrap(), vec![Kind::K, Kind::V]);
+        assert_eq!(
+            parse_kinds(Some(vec!["V".into(), "k".into()])).unwrap(),
+            vec![Kind::V, Kind::K]
+        );
         assert_eq!(
             parse_kind("q").err().unwrap().to_string(),
             "kind must be 'k' or 'v', not \"q\""

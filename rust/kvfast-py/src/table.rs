@@ -1,6 +1,7 @@
-//! The long value table: one row per (cache, stream, layer, kind, cell, sequence, head).
+//! The long value table as Arrow batches: one row per (cache, stream, layer, kind, cell, sequence,
+//! head). kvfast-core plans it (`select`: which records; `table_plan`: the values column and how each
+//! record's rows are read); this builds the arrays.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use arrow_array::{
@@ -8,57 +9,21 @@ use arrow_array::{
 };
 use arrow_buffer::{Buffer, MutableBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
-use kvfast_core::{Record, StateFile, Stream};
+use kvfast_core::select::{cell_seq_pairs, jobs, model_layer, Job, Selection};
+use kvfast_core::table_plan::{plan, Dtype, Out};
+use kvfast_core::StateFile;
 
-use crate::errors::{PlanError, Result};
-use crate::rows::{out_type, record_rows, Dtype, Out, Rows};
+use crate::errors::Result;
+use crate::rows::{record_rows, Rows};
 
-/// Which records and heads to put in the table.
-pub struct Selection {
-    pub caches: Option<Vec<u32>>,
-    pub layers: Option<Vec<u32>>,
-    pub kinds: Vec<&'static str>,
-    pub heads: Option<Vec<u32>>,
+/// A value table as Python asks for it.
+pub struct TableRequest {
+    pub sel: Selection,
     pub dtype: Dtype,
-    pub head_dim_k: Option<u64>,
-    pub head_dim_v: Option<u64>,
     /// The model's own layer index of each cache's layers (iSWA caches interleave).
     pub model_layers: Option<Vec<Vec<i32>>>,
     /// Build the values column (else only the index columns).
     pub with_values: bool,
-    /// Per cache, the [K, V] groups llama.cpp's rotation is undone in (0: values as stored).
-    pub rotation: Vec<[usize; 2]>,
-}
-
-/// One record to turn into a batch.
-pub struct Job<'a> {
-    pub cache: u32,
-    pub stream: &'a Stream,
-    pub layer: u32,
-    pub kind: &'static str,
-    pub rec: &'a Record,
-    pub head_dim: usize,
-    /// Undo the rotation in groups of this many values (0: as stored).
-    pub rotation: usize,
-}
-
-fn head_dim(
-    rec: &Record,
-    given: Option<u64>,
-    kind: &'static str,
-    layer: u32,
-) -> std::result::Result<usize, PlanError> {
-    match given {
-        None => Ok(rec.n_embd as usize),
-        Some(0) => Err(PlanError::HeadDimZero),
-        Some(h) if rec.n_embd % h != 0 => Err(PlanError::HeadDim {
-            head_dim: h,
-            n: rec.n_embd,
-            kind,
-            layer,
-        }),
-        Some(h) => Ok(h as usize),
-    }
 }
 
 /// Index of the values column.
@@ -93,112 +58,43 @@ pub fn schema(out: Out, head_dim: usize) -> SchemaRef {
     ]))
 }
 
-/// The values column of the selected records: one head size (K and V of different sizes cannot
-/// share a fixed-size column) and f16 only when every record is f16 kept as stored.
-fn plan(jobs: &[Job], dtype: Dtype) -> std::result::Result<(Out, usize), PlanError> {
-    let dims: BTreeSet<usize> = jobs.iter().map(|j| j.head_dim).collect();
-    if dims.len() > 1 {
-        return Err(PlanError::HeadSizes(dims));
-    }
-    let hd = dims.into_iter().next().unwrap_or(1);
-    let all_f16 = !jobs.is_empty() && jobs.iter().all(|j| out_type(j.rec.ty, dtype) == Out::F16);
-    Ok((if all_f16 { Out::F16 } else { Out::F32 }, hd))
-}
-
-pub fn jobs<'a>(
-    sf: &'a StateFile,
-    sel: &Selection,
-) -> std::result::Result<Vec<Job<'a>>, PlanError> {
-    let mut out = Vec::new();
-    for (ci, cache) in sf.layout.caches.iter().enumerate() {
-        let ci = ci as u32;
-        if sel.caches.as_ref().is_some_and(|c| !c.contains(&ci)) {
-            continue;
-        }
-        for stream in &cache.streams {
-            for kind in &sel.kinds {
-                for (li, layer) in stream.layers.iter().enumerate() {
-                    let li = li as u32;
-                    if sel.layers.as_ref().is_some_and(|l| !l.contains(&li)) {
-                        continue;
-                    }
-                    let (rec, given) = if *kind == "k" {
-                        (Some(&layer.k), sel.head_dim_k)
-                    } else {
-                        (layer.v.as_ref(), sel.head_dim_v)
-                    };
-                    let Some(rec) = rec else { continue };
-                    let head_dim = head_dim(rec, given, kind, li)?;
-                    if let Some(hs) = &sel.heads {
-                        let n = rec.n_embd as usize / head_dim;
-                        if let Some(h) = hs.iter().find(|h| **h as usize >= n) {
-                            return Err(PlanError::Head {
-                                head: *h,
-                                layer: li,
-                                kind,
-                                n,
-                            });
-                        }
-                    }
-                    let ki = usize::from(*kind == "v");
-                    out.push(Job {
-                        cache: ci,
-                        stream,
-                        layer: li,
-                        kind,
-                        rec,
-                        head_dim,
-                        rotation: sel.rotation.get(ci as usize).map_or(0, |r| r[ki]),
-                    });
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// Build every selected batch (decoding in parallel inside each record).
 pub fn batches(
     sf: &StateFile,
-    sel: &Selection,
+    req: &TableRequest,
     seq_default: Option<i32>,
 ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-    let jobs = jobs(sf, sel)?;
-    let (out_ty, hd) = plan(&jobs, sel.dtype)?;
-    let full = schema(out_ty, hd);
+    let jobs = jobs(&sf.layout, &req.sel)?;
+    let p = plan(&jobs, req.dtype)?;
+    let full = schema(p.out, p.head_dim);
     let DataType::FixedSizeList(item, _) = full.field(VALUES).data_type().clone() else {
         unreachable!()
     };
-    let dtype = if out_ty == Out::F16 {
-        sel.dtype
-    } else {
-        Dtype::F32
-    };
-    let schema = if sel.with_values {
+    let schema = if req.with_values {
         full
     } else {
         Arc::new(full.project(&(0..VALUES).collect::<Vec<_>>())?)
     };
     let mut out = Vec::new();
-    for job in jobs {
-        let rows = sel.with_values.then(|| {
-            record_rows(
-                sf,
-                job.rec,
-                job.stream.cell_count as usize,
-                dtype,
-                job.rotation,
-            )
+    for job in &jobs {
+        let rows = req.with_values.then(|| {
+            let cells = job.stream.cell_count as usize;
+            record_rows(sf, job.rec, cells, p.dtype, job.rotation)
         });
-        let model_layer = model_layer(sf, sel, job.cache, job.layer);
+        let model_layer = model_layer(
+            &sf.layout,
+            req.model_layers.as_deref(),
+            job.cache,
+            job.layer,
+        );
         out.push(batch(
             &schema,
-            &job,
+            job,
             rows,
-            sel.heads.as_deref(),
+            req.sel.heads.as_deref(),
             seq_default,
             model_layer,
-            (&item, hd),
+            (&item, p.head_dim),
         )?);
     }
     Ok((schema, out))
@@ -292,7 +188,7 @@ fn index_columns(
         constant(s.index as i32),
         constant(job.layer as i32),
         Arc::new(Int32Array::from(vec![model_layer; n])),
-        Arc::new(repeated_str(job.kind, n)),
+        Arc::new(repeated_str(job.kind.name(), n)),
         Arc::new(Int32Array::from(cell)),
         Arc::new(Int32Array::from(pos)),
         Arc::new(optional_i32(seq)),
@@ -320,40 +216,6 @@ pub fn optional_i32(v: Vec<Option<i32>>) -> Int32Array {
     }
 }
 
-/// (cell, seq) pairs of the cells at positions >= `skip_first`: a cell of several sequences
-/// appears once per sequence; a cell that lists none belongs to the state's own sequence.
-pub fn cell_seq_pairs(
-    s: &Stream,
-    seq_default: Option<i32>,
-    skip_first: i32,
-) -> Vec<(usize, Option<i32>)> {
-    let mut pairs = Vec::with_capacity(s.cell_count as usize);
-    for c in 0..s.cell_count as usize {
-        if s.pos[c] < skip_first {
-            continue;
-        }
-        let seqs = s.cell_seqs(c);
-        if seqs.is_empty() {
-            pairs.push((c, seq_default));
-        } else {
-            pairs.extend(seqs.iter().map(|q| (c, Some(*q))));
-        }
-    }
-    pairs
-}
-
-/// The model layer of a job: from the model's map, or the layer itself in a one-cache state.
-pub fn model_layer(sf: &StateFile, sel: &Selection, cache: u32, layer: u32) -> Option<i32> {
-    match &sel.model_layers {
-        Some(m) => m
-            .get(cache as usize)
-            .and_then(|c| c.get(layer as usize))
-            .copied(),
-        None if sf.layout.caches.len() == 1 => Some(layer as i32),
-        None => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,18 +223,17 @@ mod tests {
     use arrow_array::Array;
     use kvfast_core::GgmlType;
 
-    fn selection(heads: Option<Vec<u32>>, dtype: Dtype, with_values: bool) -> Selection {
-        Selection {
-            caches: None,
-            layers: None,
-            kinds: vec!["k", "v"],
-            heads,
+    fn selection(heads: Option<Vec<u32>>, dtype: Dtype, with_values: bool) -> TableRequest {
+        TableRequest {
+            sel: Selection {
+                heads,
+                head_dim_k: Some(4),
+                head_dim_v: Some(4),
+                ..Selection::default()
+            },
             dtype,
-            head_dim_k: Some(4),
-            head_dim_v: Some(4),
             model_layers: None,
             with_values,
-            rotation: vec![],
         }
     }
 
@@ -431,11 +292,9 @@ mod tests {
     #[test]
     fn a_quantized_record_makes_the_column_float32_and_index_only_has_no_values() {
         let sf = state(1, 1, 32, GgmlType::Q8_0);
-        let sel = Selection {
-            head_dim_k: Some(32),
-            head_dim_v: Some(32),
-            ..selection(None, Dtype::Stored, true)
-        };
+        let mut sel = selection(None, Dtype::Stored, true);
+        sel.sel.head_dim_k = Some(32);
+        sel.sel.head_dim_v = Some(32);
         let (schema, out) = batches(&sf, &sel, None).unwrap();
         let DataType::FixedSizeList(item, 32) = schema.field(VALUES).data_type() else {
             panic!("values of 32 per head")
@@ -443,7 +302,7 @@ mod tests {
         assert_eq!(item.data_type(), &DataType::Float32);
         let want: Vec<f32> = (0..32).map(|j| value(0, 0, "k", j)).collect();
         assert_eq!(values_of(&out[0]), want);
-        let sel = Selection {
+        let sel = TableRequest {
             with_values: false,
             ..sel
         };
@@ -455,10 +314,8 @@ mod tests {
     #[test]
     fn a_head_size_that_does_not_divide_is_refused() {
         let sf = state(1, 1, 8, GgmlType::F16);
-        let sel = Selection {
-            head_dim_k: Some(3),
-            ..selection(None, Dtype::Stored, true)
-        };
+        let mut sel = selection(None, Dtype::Stored, true);
+        sel.sel.head_dim_k = Some(3);
         let e = batches(&sf, &sel, None).err().unwrap();
         assert_eq!(
             e.to_string(),

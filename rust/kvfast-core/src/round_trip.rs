@@ -1,0 +1,113 @@
+//! What a row would lose in a cache of another type: llama.cpp's store-and-load, simulated with
+//! ggml's reference quantizer and dequantization, its rotation included where it applies one.
+
+use crate::decode::decode_row;
+use crate::layout::Kind;
+use crate::quantize::quantize_row;
+use crate::rotation::hadamard_groups;
+use crate::select::PlanError;
+use crate::types::GgmlType;
+
+/// The round trip of a row through a cache of type `ty`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundTrip {
+    pub ty: GgmlType,
+    /// llama.cpp's rotation group (0: none): rotate, quantize, dequantize, rotate back (the
+    /// Hadamard matrix is its own inverse).
+    pub rotation: usize,
+}
+
+impl RoundTrip {
+    /// The round trip of layer `layer`'s `kind` rows of `n` values, checked: whole blocks of `ty`,
+    /// and a rotation group (if any) that is a power of two dividing the row.
+    pub fn new(
+        ty: GgmlType,
+        rotation: usize,
+        n: usize,
+        layer: u32,
+        kind: Kind,
+    ) -> Result<Self, PlanError> {
+        if ty.row_bytes(n as u64).is_none() {
+            return Err(PlanError::NotWholeBlocks { layer, kind, n, ty });
+        }
+        if rotation > 0 && (!rotation.is_power_of_two() || n % rotation != 0) {
+            return Err(PlanError::RotationGroup {
+                group: rotation,
+                n,
+                layer,
+                kind,
+            });
+        }
+        Ok(RoundTrip { ty, rotation })
+    }
+
+    /// `y` = `x` stored and loaded. The quantized row is sized from `x` itself, so no row is ever
+    /// read into another's width.
+    pub fn apply(&self, x: &[f32], y: &mut [f32]) {
+        let ty = self.ty;
+        let mut q = vec![0u8; ty.row_bytes(x.len() as u64).unwrap_or(0) as usize];
+        if self.rotation > 0 {
+            let mut r = x.to_vec();
+            hadamard_groups(&mut r, self.rotation);
+            quantize_row(ty, &r, &mut q);
+            decode_row(ty, &q, y);
+            hadamard_groups(y, self.rotation);
+        } else {
+            quantize_row(ty, x, &mut q);
+            decode_row(ty, &q, y);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_that_do_not_fit_are_refused() {
+        let e = RoundTrip::new(GgmlType::Q8_0, 0, 48, 2, Kind::V).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "layer 2 v rows of 48 values are not whole q8_0 blocks of 32"
+        );
+        let e = RoundTrip::new(GgmlType::Q8_0, 96, 192, 0, Kind::K).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "rotation group 96 does not divide the 192 values of layer 0 k rows"
+        );
+        assert!(RoundTrip::new(GgmlType::Q8_0, 128, 64, 0, Kind::K).is_err());
+        assert!(RoundTrip::new(GgmlType::F16, 0, 3, 0, Kind::K).is_ok());
+    }
+
+    #[test]
+    fn what_the_trip_loses() {
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 64) as f32 - 32.0) / 8.0)
+            .collect();
+        let mut y = vec![0f32; 64];
+        // f16 keeps these values exactly
+        RoundTrip::new(GgmlType::F16, 0, 64, 0, Kind::K)
+            .unwrap()
+            .apply(&x, &mut y);
+        assert_eq!(x, y);
+        // q8_0 loses a little (a block's step is its absmax / 127), rotated or not (the rotation
+        // keeps the row's norm)
+        let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>().sqrt();
+        for rot in [0, 64] {
+            let t = RoundTrip::new(GgmlType::Q8_0, rot, 64, 0, Kind::K).unwrap();
+            t.apply(&x, &mut y);
+            let diff: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a - b).collect();
+            let rel = norm(&diff) / norm(&x);
+            assert!(rel > 0.0 && rel < 0.01, "rotation {rot}: {rel}");
+        }
+        // rotated, the error lands elsewhere: the two trips differ
+        let (mut a, mut b) = (vec![0f32; 64], vec![0f32; 64]);
+        RoundTrip::new(GgmlType::Q4_0, 0, 64, 0, Kind::K)
+            .unwrap()
+            .apply(&x, &mut a);
+        RoundTrip::new(GgmlType::Q4_0, 64, 64, 0, Kind::K)
+            .unwrap()
+            .apply(&x, &mut b);
+        assert_ne!(a, b);
+    }
+}
