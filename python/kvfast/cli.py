@@ -206,27 +206,31 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
-    from kvfast import probe
+    from kvfast import probe, probe_guard
 
     text: str | None = args.shared_prefix
     prefix: str | list[int] | None = text
     if text is not None and text.strip().startswith("["):
         prefix = [int(t) for t in json.loads(text)]  # token ids, for models without a tokenizer
-    man = probe.run(
-        args.model,
-        args.prompts,
-        args.output,
-        ctk=args.ctk,
-        ctv=args.ctv,
-        fa=args.fa == "on",
-        parallel=args.parallel,
-        n_ctx=args.ctx,
-        gpu_layers=args.gpu_layers,
-        generate=args.generate,
-        shared_prefix=prefix,
-        unified=not args.non_unified,
-        whole_state=args.whole_state,
-    )
+    try:  # in a child process: a crash of llama.cpp (SIGILL: built for another CPU) is reported
+        man = probe_guard.run(
+            args.model,
+            args.prompts,
+            args.output,
+            ctk=args.ctk,
+            ctv=args.ctv,
+            fa=args.fa == "on",
+            parallel=args.parallel,
+            n_ctx=args.ctx,
+            gpu_layers=args.gpu_layers,
+            generate=args.generate,
+            shared_prefix=prefix,
+            unified=not args.non_unified,
+            whole_state=args.whole_state,
+        )
+    except probe_guard.ProbeCrashError as e:
+        print(f"kvfast probe: error: {e}", file=sys.stderr)
+        return 128 + e.signal
     counts = man.group_by("status").len().sort("status")
     print(
         ", ".join(f"{n} {s}" for s, n in counts.iter_rows()) + f"; manifest in {args.output}/{probe.MANIFEST}"

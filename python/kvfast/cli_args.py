@@ -4,6 +4,7 @@ Exit codes: 0 success; 1 an error with the files (a state or model kvfast cannot
 does not fit); 2 a usage error (an option argparse refuses, a value out of range, or a selection
 the state does not have: :class:`kvfast.SelectionError`), reported as argparse reports its own;
 141 (128 + SIGPIPE) when the reader of the output went away (``kvfast ... | head``), quietly.
+``kvfast probe`` whose llama.cpp died of a signal: 128 + the signal (132 for SIGILL), with a message.
 """
 
 from __future__ import annotations
