@@ -78,12 +78,6 @@ impl<'a> Cursor<'a> {
         Ok(v)
     }
 
-    /// Read a u32 without consuming it.
-    pub fn peek_u32(&self) -> Option<u32> {
-        let b = self.buf.get(self.pos..self.pos + 4)?;
-        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-
     /// Read `n` i32 values, `n` checked against the bytes left before anything is allocated.
     pub fn i32_array(&mut self, n: u64, field: &str) -> Result<Vec<i32>> {
         let bytes = n.checked_mul(4).ok_or_else(|| Error::Truncated {

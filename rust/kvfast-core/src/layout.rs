@@ -184,10 +184,6 @@ pub struct Layout {
 }
 
 impl Layout {
-    pub fn cell_ext(&self) -> bool {
-        self.ext_bytes > 0
-    }
-
     /// Every region of the file in file order; they tile the file exactly.
     pub fn regions(&self) -> Vec<Region> {
         let mut out = self.prefix.clone();

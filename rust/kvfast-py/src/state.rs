@@ -264,8 +264,6 @@ impl State {
                     ld.set_item("v_nbytes", v.map(|v| v.data_len))?;
                     ld.set_item("k_row_bytes", l.k.row_bytes)?;
                     ld.set_item("v_row_bytes", v.map(|v| v.row_bytes))?;
-                    ld.set_item("k_header_offset", l.k.header_offset)?;
-                    ld.set_item("v_header_offset", v.map(|v| v.header_offset))?;
                     layers.append(ld)?;
                 }
                 d.set_item("layers", layers)?;
