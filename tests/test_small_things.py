@@ -116,3 +116,15 @@ def test_upcast_avoids_the_float16_traps() -> None:
     norms = kvfast.upcast(t).select(sq.sqrt()).to_series()
     want = np.linalg.norm(np.stack(t["values"].to_numpy()).astype(np.float64), axis=1)
     np.testing.assert_allclose(norms.to_numpy(), want, rtol=1e-6)
+
+
+def test_a_layer_of_another_cache_says_which(capsys: pytest.CaptureFixture[str]) -> None:
+    sample = kvfast.sample_path()  # Gemma 3: cache 0 holds 3 global layers, cache 1 the other 15
+    assert main(["show", sample, "--layer", "3"]) == 2
+    assert "cache 0 has 3 layers; cache 1 has 15 (--cache 1, or cache=1)" in capsys.readouterr().err
+    assert main(["show", sample, "--layer", "3", "--cache", "1", "--cells", "1"]) == 0
+    with kvfast.open(sample) as d, pytest.raises(kvfast.SelectionError, match="cache=1"):
+        d.values(3, "k")
+    with kvfast.open(sample) as d, pytest.raises(kvfast.SelectionError) as e:
+        d.values(20, "k")
+    assert "cache 1" not in str(e.value)  # no cache has layer 20: no hint

@@ -42,13 +42,25 @@ def record_ref(
     if stream is not None:
         stream = select.index("stream", stream, len(streams), f"cache {cache} has {len(streams)} streams")
     s = streams[stream] if stream is not None else next((x for x in streams if x.cell_count), streams[0])
-    layer = select.index("layer", layer, len(s.layers), f"cache {cache} has {len(s.layers)} layers")
+    where = f"cache {cache} has {len(s.layers)} layers{_other_caches(caches, cache, layer)}"
+    layer = select.index("layer", layer, len(s.layers), where)
     ly = s.layers[layer]
     if kind == "k":
         return RecordRef(s, ly, kind, ly.k_type, ly.k_offset, ly.n_embd_k, ly.k_row_bytes)
     if ly.v_type is None or ly.v_offset is None or ly.n_embd_v is None or ly.v_row_bytes is None:
         raise SelectionError(f"layer {layer} has no V record")
     return RecordRef(s, ly, kind, ly.v_type, ly.v_offset, ly.n_embd_v, ly.v_row_bytes)
+
+
+def _other_caches(caches: list[Cache], cache: int, layer: object) -> str:
+    """A hint naming a cache that has `layer` (an iSWA state's first cache holds few layers)."""
+    if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
+        return ""
+    have = [c for c in caches if c.index != cache and c.n_layer > layer]
+    if not have:
+        return ""
+    c = have[0]
+    return f"; cache {c.index} has {c.n_layer} (--cache {c.index}, or cache={c.index})"
 
 
 @dataclass(frozen=True)
