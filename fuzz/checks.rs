@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use kvfast_core::decode::{decode_row, decode_rows, decode_transposed, transpose_bytes};
-use kvfast_core::layout::Record;
+use kvfast_core::layout::{Kind, Record};
 use kvfast_core::quantize::quantize_row;
 use kvfast_core::stats::{accumulate, cell_stats, compare as compare_records, round_trip_loss};
 use kvfast_core::types::ALL_TYPES;
@@ -101,8 +101,17 @@ pub fn head_dims(n: usize, pick: u8) -> Vec<usize> {
 /// Walk arbitrary bytes: an error or a layout whose regions tile the bytes exactly and whose
 /// records lie inside them; never a panic, a hang or a read out of bounds.
 pub fn open(data: &[u8]) {
-    for cell_ext in [None, Some(false), Some(true)] {
-        let opts = WalkOptions { cell_ext };
+    let memories = [None, Some(true)].into_iter().map(|v_less| WalkOptions {
+        v_less,
+        ..WalkOptions::default()
+    });
+    let exts = [Some(false), Some(true)]
+        .into_iter()
+        .map(|cell_ext| WalkOptions {
+            cell_ext,
+            ..WalkOptions::default()
+        });
+    for opts in memories.chain(exts) {
         let Ok(sf) = StateFile::from_bytes(data.to_vec(), opts) else {
             continue;
         };
@@ -232,6 +241,7 @@ pub fn decode(data: &[u8]) {
             let rotation = [0, 64, 7][inp.u8() as usize % 3];
             let src = inp.rest();
             let rec = Record {
+                kind: Kind::K,
                 ty,
                 n_embd: n_embd as u64,
                 row_bytes: row_bytes as u64,

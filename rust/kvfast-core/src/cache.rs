@@ -1,31 +1,41 @@
-//! Walking the KV CACHE blocks of a state (section 2 of the format doc), rows skipped.
+//! Walking the memory of a state, rows skipped: its KV CACHE blocks (section 2 of the format doc),
+//! then, for a recurrent or hybrid model, its recurrent part (`recurrent.rs`).
 
+use crate::cells::parse_cells;
 use crate::cursor::Cursor;
 use crate::error::{Error, Result};
-use crate::layout::{Cache, Layer, Record, Stream};
+use crate::layout::{Cache, Kind, Layer, Memory, Record, Stream};
+use crate::recurrent::{parse_recurrent, RecurrentHint};
 use crate::types::{type_list, GgmlType};
 
-/// llama.cpp's LLAMA_MAX_SEQ: bounds n_stream, n_seq_id and sequence ids.
-pub const MAX_SEQ: u32 = 256;
-/// More layers than any model has; bounds n_layer.
-pub const MAX_LAYERS: u32 = 4096;
-/// More values per row than any model has.
-pub const MAX_EMBD: u64 = 1 << 24;
-/// More caches than any memory writes.
-pub const MAX_CACHES: usize = 8;
+pub use crate::cells::{MAX_CACHES, MAX_EMBD, MAX_LAYERS, MAX_SEQ};
 
-/// One way of reading a KV cache's bytes.
+/// One way of reading a state's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reading {
     /// The cache starts with u32 n_stream (builds from mid-2025 on).
     pub n_stream: bool,
     /// Bytes of the cell extension (0, 8 or 12).
     pub ext_bytes: u8,
+    /// The attention caches hold K records only (a V-less MLA cache).
+    pub v_less: bool,
+    /// The memory ends with a recurrent part (a recurrent or hybrid model).
+    pub recurrent: bool,
 }
 
 impl Reading {
+    /// A reading of attention caches alone, with V records.
+    pub const fn kv(n_stream: bool, ext_bytes: u8) -> Self {
+        Reading {
+            n_stream,
+            ext_bytes,
+            v_less: false,
+            recurrent: false,
+        }
+    }
+
     pub fn describe(&self) -> String {
-        format!(
+        let mut out = format!(
             "{}, {}",
             if self.n_stream {
                 "caches with n_stream"
@@ -36,34 +46,88 @@ impl Reading {
                 0 => "no cell extension".to_string(),
                 n => format!("{n}-byte cell extension"),
             }
-        )
+        );
+        if self.v_less {
+            out.push_str(", K records only (V-less)");
+        }
+        if self.recurrent {
+            out.push_str(", then a recurrent part");
+        }
+        out
     }
 }
 
-/// Parse every KV cache from `start` to the end of `buf`.
-pub fn parse_caches(buf: &[u8], start: usize, reading: Reading) -> Result<Vec<Cache>> {
+/// Parse the memory from `start` to the end of `buf`: KV caches, then (`reading.recurrent`) the
+/// recurrent part. With a recurrent part, every count of KV caches before it is tried, and
+/// exactly one must consume the bytes.
+pub fn parse_caches(
+    buf: &[u8],
+    start: usize,
+    reading: Reading,
+    hint: Option<RecurrentHint>,
+) -> Result<Vec<Cache>> {
+    let mut done: Vec<Vec<Cache>> = Vec::new();
+    let mut err = None;
     let mut caches = Vec::new();
-    parse_from(buf, start, reading, &mut caches)?;
-    Ok(caches)
-}
-
-fn parse_from(buf: &[u8], start: usize, reading: Reading, out: &mut Vec<Cache>) -> Result<()> {
     let mut pos = start;
     loop {
-        if out.len() == MAX_CACHES {
-            return Err(Error::format(
-                "end of the state",
-                pos,
-                format!("at most {MAX_CACHES} KV caches, then the end of the bytes"),
-                format!("{} more bytes", buf.len() - pos),
-            ));
+        if reading.recurrent {
+            match parse_recurrent(&mut Cursor::new(buf, pos), hint) {
+                Ok(r) => {
+                    let mut all = caches.clone();
+                    all.push(r);
+                    done.push(all);
+                }
+                Err(e) => err = Some(furthest(err, e)),
+            }
         }
-        let (cache, end) = parse_cache(&mut Cursor::new(buf, pos), reading, out.len())?;
-        out.push(cache);
-        if end == buf.len() {
-            return Ok(());
+        if caches.len() == MAX_CACHES {
+            if !reading.recurrent {
+                return Err(Error::format(
+                    "end of the state",
+                    pos,
+                    format!("at most {MAX_CACHES} KV caches, then the end of the bytes"),
+                    format!("{} more bytes", buf.len() - pos),
+                ));
+            }
+            break;
         }
-        pos = end;
+        if reading.recurrent && pos == buf.len() {
+            break;
+        }
+        match parse_cache(&mut Cursor::new(buf, pos), reading, caches.len()) {
+            Ok((cache, end)) => {
+                caches.push(cache);
+                pos = end;
+                if end == buf.len() && !reading.recurrent {
+                    return Ok(caches);
+                }
+            }
+            Err(e) if !reading.recurrent => return Err(e),
+            Err(e) => {
+                err = Some(furthest(err, e));
+                break;
+            }
+        }
+    }
+    match done.len() {
+        0 => Err(err.unwrap_or_else(|| {
+            Error::format(
+                "recurrent part",
+                buf.len(),
+                "a recurrent part after the KV caches",
+                "the end of the state",
+            )
+        })),
+        1 => Ok(done.pop().expect("one reading")),
+        _ => Err(Error::Ambiguous {
+            field: "recurrent part".into(),
+            offset: done[0].last().map_or(start as u64, |c| c.offset),
+            readings: done
+                .iter()
+                .map(|d| format!("{} KV caches, then the recurrent part", d.len() - 1))
+                .collect(),
+        }),
     }
 }
 
@@ -71,8 +135,10 @@ fn parse_from(buf: &[u8], start: usize, reading: Reading, out: &mut Vec<Cache>) 
 /// layer records is the likelier one, whatever the byte offsets of the two errors.
 fn depth(e: &Error) -> u8 {
     match e.field() {
-        Some(f) if f.contains(" layer ") => 2,
-        Some(f) if f.contains("v_trans") || f.contains("n_layer") => 1,
+        Some(f) if f.contains(" layer ") || f.contains(" record ") => 2,
+        Some(f) if f.starts_with(crate::recurrent::AT) && f.contains("record") => 2,
+        Some(f) if f.contains(" r ") || f.contains(" s ") => 2,
+        Some(f) if f.contains("v_trans") || f.contains("s_trans") || f.contains("n_layer") => 1,
         _ => 0,
     }
 }
@@ -104,6 +170,7 @@ fn parse_cache(cur: &mut Cursor, reading: Reading, ci: usize) -> Result<(Cache, 
         Cache {
             offset: offset as u64,
             has_n_stream: reading.n_stream,
+            memory: Memory::Attention,
             streams,
         },
         cur.pos(),
@@ -147,7 +214,9 @@ fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result
     stream.meta_len = cur.pos() as u64 - stream.meta_offset;
     stream.layer_header_offset = cur.pos() as u64;
     stream.v_trans = cur.u32_in(&format!("{at} v_trans"), 0, 1)? == 1;
-    let n_layer = cur.u32_in(&format!("{at} n_layer"), 1, MAX_LAYERS)?;
+    // 0 layers: the full-attention cache of a hybrid iSWA model whose attention layers all slide
+    // (LFM2 with a sliding window) still lists its cells.
+    let n_layer = cur.u32_in(&format!("{at} n_layer"), 0, MAX_LAYERS)?;
     if n_layer as u64 * 12 > cur.remaining() as u64 {
         return Err(Error::Truncated {
             field: format!("{at} K records ({n_layer} layers)"),
@@ -158,17 +227,27 @@ fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result
     }
     let mut ks = Vec::with_capacity(n_layer as usize);
     for l in 0..n_layer {
-        ks.push(row_record(cur, &format!("{at} layer {l} k"), cell_count)?);
+        ks.push(row_record(
+            cur,
+            &format!("{at} layer {l} k"),
+            cell_count,
+            Kind::K,
+        )?);
     }
-    // Every layer has a V record. (Models without V, such as MLA ones, are not read: a state cut
-    // between its K and V records would read as one of them.)
+    // Every layer has a V record, or (a V-less MLA cache) none has: llama.cpp keeps V for all of a
+    // cache's layers or none. The bytes of a V-less cache are those of a cache cut before its V
+    // records, so the V-less reading is the model's to choose (WalkOptions::v_less).
     let mut vs: Vec<Option<Record>> = Vec::with_capacity(n_layer as usize);
     for l in 0..n_layer {
+        if reading.v_less {
+            vs.push(None);
+            continue;
+        }
         let field = format!("{at} layer {l} v");
         vs.push(Some(if stream.v_trans {
             trans_record(cur, &field, cell_count)?
         } else {
-            row_record(cur, &field, cell_count)?
+            row_record(cur, &field, cell_count, Kind::V)?
         }));
     }
     stream.layers = ks
@@ -177,56 +256,6 @@ fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result
         .map(|(k, v)| Layer { k, v })
         .collect();
     Ok(stream)
-}
-
-fn parse_cells(cur: &mut Cursor, at: &str, stream: &mut Stream) -> Result<()> {
-    let n = stream.cell_count as usize;
-    stream.pos.reserve_exact(n);
-    stream.seq_start.reserve_exact(n + 1);
-    stream.seq_start.push(0);
-    stream.seq_ids.reserve(n);
-    let width = stream.ext_width;
-    let mut ext = if width > 0 {
-        Some(Vec::with_capacity(n * width))
-    } else {
-        None
-    };
-    for i in 0..n {
-        let off = cur.pos();
-        let pos = cur.i32(&format!("{at} cell {i} pos"))?;
-        if pos < 0 {
-            return Err(Error::format(
-                format!("{at} cell {i} pos"),
-                off,
-                "a position >= 0",
-                pos,
-            ));
-        }
-        // Sequence states of builds before mid-2025 write 0 here: the cell is the state's sequence.
-        let n_seq = cur.u32_in(&format!("{at} cell {i} n_seq_id"), 0, MAX_SEQ)?;
-        if let Some(ext) = ext.as_mut() {
-            for _ in 0..width {
-                ext.push(cur.i32(&format!("{at} cell {i} extension"))?);
-            }
-        }
-        for _ in 0..n_seq {
-            let off = cur.pos();
-            let id = cur.i32(&format!("{at} cell {i} seq_id"))?;
-            if id < 0 || id as u32 >= MAX_SEQ {
-                return Err(Error::format(
-                    format!("{at} cell {i} seq_id"),
-                    off,
-                    format!("0 to {}", MAX_SEQ - 1),
-                    id,
-                ));
-            }
-            stream.seq_ids.push(id);
-        }
-        stream.pos.push(pos);
-        stream.seq_start.push(stream.seq_ids.len() as u32);
-    }
-    stream.ext = ext;
-    Ok(())
 }
 
 fn read_type(cur: &mut Cursor, field: &str) -> Result<GgmlType> {
@@ -251,7 +280,7 @@ fn rows(cur: &mut Cursor, field: &str, row_bytes: u64, cells: u32) -> Result<(u6
     Ok((off as u64, len))
 }
 
-fn row_record(cur: &mut Cursor, field: &str, cells: u32) -> Result<Record> {
+fn row_record(cur: &mut Cursor, field: &str, cells: u32, kind: Kind) -> Result<Record> {
     let header_offset = cur.pos();
     let ty = read_type(cur, field)?;
     let rb_off = cur.pos();
@@ -273,6 +302,7 @@ fn row_record(cur: &mut Cursor, field: &str, cells: u32) -> Result<Record> {
     };
     let (data_offset, data_len) = rows(cur, field, row_bytes, cells)?;
     Ok(Record {
+        kind,
         ty,
         n_embd,
         row_bytes,
@@ -301,6 +331,7 @@ fn trans_record(cur: &mut Cursor, field: &str, cells: u32) -> Result<Record> {
     let row_bytes = n_embd * el as u64;
     let (data_offset, data_len) = rows(cur, field, row_bytes, cells)?;
     Ok(Record {
+        kind: Kind::V,
         ty,
         n_embd,
         row_bytes,

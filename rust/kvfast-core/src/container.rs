@@ -4,7 +4,8 @@ use crate::cache::{furthest, parse_caches, Reading, MAX_SEQ};
 use crate::cursor::Cursor;
 use crate::error::{Error, Result};
 use crate::guarantees::check;
-use crate::layout::{Cache, Container, Layout, Outputs, Region};
+use crate::layout::{Cache, Container, Layout, Memory, Outputs, Region};
+use crate::recurrent::RecurrentHint;
 use crate::server_tokens::{unpack, ServerTokens};
 
 pub const GGSQ_MAGIC: u32 = 0x6767_7371;
@@ -13,12 +14,46 @@ pub const IO_MAGIC: u32 = 0xAF14_3CD8;
 const GGUF_MAGIC: u32 = 0x4655_4747;
 const MAX_ARCH_LEN: u32 = 64;
 
-/// Options a caller may give the walk.
+/// Options a caller may give the walk: what the model says where the bytes cannot tell.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WalkOptions {
     /// Whether cells carry an extension; None: infer it from the bytes.
     pub cell_ext: Option<bool>,
+    /// Whether the attention caches hold K records only (a V-less MLA cache: `key_length_mla` in
+    /// the model). None: caches with V; a state that reads only as V-less is refused as
+    /// ambiguous (it is also a state cut before its V records), naming the model as the way out.
+    pub v_less: Option<bool>,
+    /// The model's recurrent layers (`layers` 0: no recurrent part). None: a recurrent part is
+    /// read where the bytes hold one (its R and S records counted), or where the state's arch is
+    /// one llama.cpp gives a recurrent memory.
+    pub recurrent: Option<RecurrentHint>,
 }
+
+/// Architectures llama.cpp gives a recurrent memory only (`llm_arch_is_recurrent`).
+pub const RECURRENT_ARCHS: [&str; 6] =
+    ["mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"];
+/// Architectures llama.cpp gives a hybrid memory, attention caches then a recurrent part
+/// (`llm_arch_is_hybrid`).
+pub const HYBRID_ARCHS: [&str; 18] = [
+    "jamba",
+    "falcon-h1",
+    "plamo2",
+    "granitehybrid",
+    "lfm2",
+    "lfm2moe",
+    "nemotron_h",
+    "nemotron_h_moe",
+    "qwen3next",
+    "kimi-linear",
+    "bailingmoe3",
+    "kimi-k3",
+    "glm5-next",
+    "qwen35",
+    "qwen35moe",
+    "qwen4exp",
+    "deepseek4",
+    "minimax-01",
+];
 
 /// The part of a state before its first KV cache.
 #[derive(Clone)]
@@ -55,20 +90,8 @@ pub fn walk(buf: &[u8], opts: WalkOptions) -> Result<Layout> {
     let magic = cur.u32("magic or first field")?;
     // (prefix parser, readings allowed) candidates; each one is tried in full.
     let mut candidates: Vec<(Prefix, Vec<Reading>)> = Vec::new();
-    let new = Reading {
-        n_stream: true,
-        ext_bytes: 12,
-    };
-    let old = [
-        Reading {
-            n_stream: true,
-            ext_bytes: 8,
-        },
-        Reading {
-            n_stream: false,
-            ext_bytes: 8,
-        },
-    ];
+    let new = Reading::kv(true, 12);
+    let old = [Reading::kv(true, 8), Reading::kv(false, 8)];
     match magic {
         GGSQ_MAGIC | GGSN_MAGIC => {
             let ggsq = magic == GGSQ_MAGIC;
@@ -294,6 +317,153 @@ fn state_prefix(mut cur: Cursor, mut p: Prefix, with_outputs: bool) -> Result<Pr
     Ok(p)
 }
 
+/// Whether the memory ends with a recurrent part, as far as the options and the arch tell: the
+/// readings to try (recurrent, or not) and whether a recurrent reading is expected.
+fn recurrent_readings(p: &Prefix, opts: WalkOptions) -> (&'static [bool], bool) {
+    if let Some(h) = opts.recurrent {
+        return if h.layers > 0 {
+            (&[true], true)
+        } else {
+            (&[false], false)
+        };
+    }
+    let arch = p.arch.as_deref().unwrap_or("");
+    if RECURRENT_ARCHS.contains(&arch) || HYBRID_ARCHS.contains(&arch) {
+        return (&[true], true);
+    }
+    (&[false, true], false)
+}
+
+/// A recurrent model's memory (the state's arch is one llama.cpp gives a recurrent memory only)
+/// is the recurrent part alone, with R and S records for every layer.
+fn arch_agrees(p: &Prefix, caches: &[Cache]) -> Result<()> {
+    let arch = p.arch.as_deref().unwrap_or("");
+    if !RECURRENT_ARCHS.contains(&arch) {
+        return Ok(());
+    }
+    let Some(r) = caches.iter().find(|c| c.memory.is_recurrent()) else {
+        return Ok(());
+    };
+    if caches.len() > 1 {
+        return Err(Error::format(
+            "cache 0",
+            caches[0].offset as usize,
+            format!("the recurrent part: {arch} keeps no attention cache"),
+            "an attention cache",
+        ));
+    }
+    if let (Memory::Recurrent { n_layer }, Some(s)) = (r.memory, r.streams.first()) {
+        if s.layers.len() != n_layer as usize {
+            return Err(Error::format(
+                "recurrent part records",
+                s.layer_header_offset as usize + 8,
+                format!("R and S records for each of the {n_layer} layers of {arch}"),
+                format!("{} layers' records", s.layers.len()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A parse that held: its description, prefix, reading and caches.
+type Held = (String, Prefix, Reading, Vec<Cache>);
+
+/// What the readings of one pass gave.
+#[derive(Default)]
+struct Tried {
+    ok: Vec<Held>,
+    err: Option<Error>,
+    /// Errors of readings that parsed to the end but break what llama.cpp guarantees: such a
+    /// reading got furthest, so its error is the one to report when no reading holds.
+    broken: Option<Error>,
+}
+
+fn attempt(
+    buf: &[u8],
+    candidates: &[(Prefix, Vec<Reading>)],
+    opts: WalkOptions,
+    v_less: bool,
+) -> Tried {
+    let kv_readings = candidates.iter().map(|c| c.1.len() * 2).sum::<usize>();
+    let mut t = Tried::default();
+    // errors of recurrent readings where one was not expected, kept apart
+    let mut side: Option<Error> = None;
+    for (prefix, readings) in candidates {
+        let mut tried = readings.clone();
+        tried.extend(readings.iter().map(|r| Reading { ext_bytes: 0, ..*r }));
+        tried.dedup();
+        let (rec, expected) = recurrent_readings(prefix, opts);
+        for r in tried {
+            if opts.cell_ext.is_some_and(|e| e != (r.ext_bytes > 0)) {
+                continue;
+            }
+            for &recurrent in rec {
+                let r = Reading {
+                    v_less,
+                    recurrent,
+                    ..r
+                };
+                let desc = format!("{} with {}", prefix.container.name(), r.describe());
+                let many = kv_readings > 2 || (recurrent && !expected);
+                let note = |e: Error| if many { e.in_reading(&desc) } else { e };
+                match parse_caches(buf, prefix.memory, r, opts.recurrent) {
+                    Ok(c) => match check(prefix.container, prefix.seq_id, &c)
+                        .and_then(|()| arch_agrees(prefix, &c))
+                    {
+                        Ok(()) => t.ok.push((desc, prefix.clone(), r, c)),
+                        Err(e) => t.broken = Some(furthest(t.broken, note(e))),
+                    },
+                    // a recurrent reading nothing asked for: its error is reported only when no
+                    // other reading got anywhere (the KV reading's error names what a user of a
+                    // plain cache expects; model= makes the recurrent reading the expected one)
+                    Err(e) if recurrent && !expected && !matches!(e, Error::Ambiguous { .. }) => {
+                        side = Some(furthest(side, note(e)));
+                    }
+                    Err(e) => t.err = Some(furthest(t.err, note(e))),
+                }
+            }
+        }
+    }
+    if t.err.is_none() {
+        t.err = side;
+    }
+    // Readings that find the same regions (they differ only in an extension no cell carries, or
+    // in n_stream where the memory has no attention cache) are the same reading.
+    let mut seen: Vec<(Container, usize, Vec<Vec<u64>>)> = Vec::new();
+    t.ok.retain(|h| {
+        let key = (h.1.container, h.1.memory, signature(&h.3));
+        if seen.contains(&key) {
+            return false;
+        }
+        seen.push(key);
+        true
+    });
+    t
+}
+
+/// Where a reading found every cache, stream, cell meta and record header.
+fn signature(caches: &[Cache]) -> Vec<Vec<u64>> {
+    caches
+        .iter()
+        .map(|c| {
+            let mut v = vec![c.offset, c.memory.is_recurrent() as u64];
+            for s in &c.streams {
+                v.extend([
+                    s.offset,
+                    s.cell_count as u64,
+                    s.meta_len,
+                    s.layer_header_offset,
+                ]);
+                for l in &s.layers {
+                    v.push(l.k.header_offset);
+                    v.extend(l.v.as_ref().map(|r| r.header_offset));
+                }
+            }
+            v
+        })
+        .collect()
+}
+
 /// Try every candidate reading; exactly one must consume the bytes.
 fn choose(
     buf: &[u8],
@@ -301,50 +471,48 @@ fn choose(
     opts: WalkOptions,
     prior: Option<Error>,
 ) -> Result<Layout> {
-    let many = candidates.iter().map(|c| c.1.len() * 2).sum::<usize>() > 2;
-    let mut ok: Vec<(String, Prefix, Reading, Vec<Cache>)> = Vec::new();
-    let mut err = prior;
-    // Errors of readings that parsed to the end but break what llama.cpp guarantees: such a
-    // reading got furthest, so its error is the one to report when no reading holds.
-    let mut broken: Option<Error> = None;
-    for (prefix, readings) in candidates {
-        let mut tried = readings.clone();
-        tried.extend(readings.iter().map(|r| Reading { ext_bytes: 0, ..*r }));
-        tried.dedup();
-        for r in tried {
-            if opts.cell_ext.is_some_and(|e| e != (r.ext_bytes > 0)) {
-                continue;
-            }
-            let desc = format!("{} with {}", prefix.container.name(), r.describe());
-            match parse_caches(buf, prefix.memory, r) {
-                Ok(c) => match check(prefix.container, prefix.seq_id, &c) {
-                    Ok(()) => ok.push((desc, prefix.clone(), r, c)),
-                    Err(e) => {
-                        let e = if many { e.in_reading(&desc) } else { e };
-                        broken = Some(furthest(broken, e));
-                    }
-                },
-                Err(e) => {
-                    let e = if many { e.in_reading(&desc) } else { e };
-                    err = Some(furthest(err, e));
-                }
-            }
+    let v_less = opts.v_less == Some(true);
+    let mut t = attempt(buf, &candidates, opts, v_less);
+    if t.ok.is_empty() && opts.v_less.is_none() {
+        // The bytes may hold K records only: a V-less (MLA) cache, or a cache cut before its V
+        // records. Only the model tells them apart.
+        let alt = attempt(buf, &candidates, opts, true);
+        if let Some((desc, p, _, caches)) = alt.ok.first() {
+            let (ci, c) = caches
+                .iter()
+                .enumerate()
+                .rev()
+                .find(|(_, c)| !c.memory.is_recurrent() && c.cells() > 0)
+                .unwrap_or((0, &caches[0]));
+            let s = c
+                .streams
+                .iter()
+                .find(|s| s.cell_count > 0)
+                .unwrap_or(&c.streams[0]);
+            let end = s.layers.last().map_or(s.layer_header_offset + 8, |l| {
+                l.k.data_offset + l.k.data_len
+            });
+            return Err(Error::Ambiguous {
+                field: format!(
+                    "cache {ci} stream {} V records (whether the cache has V is the model's to \
+                     say: give model=, the GGUF)",
+                    s.index
+                ),
+                offset: end,
+                readings: vec![
+                    format!("{desc}: a V-less (MLA) cache{}", arch_note(p)),
+                    "a state cut between its K and V records".into(),
+                ],
+            });
         }
     }
-    // Readings that differ only in an extension no cell carries are the same reading.
-    ok.dedup_by(|b, a| {
-        a.1.container == b.1.container
-            && a.1.memory == b.1.memory
-            && a.2.n_stream == b.2.n_stream
-            && a.3
-                .iter()
-                .all(|c| c.streams.iter().all(|s| s.cell_count == 0))
-            && b.3
-                .iter()
-                .all(|c| c.streams.iter().all(|s| s.cell_count == 0))
-    });
+    let mut err = prior;
+    if let Some(e) = t.err.take() {
+        err = Some(furthest(err, e));
+    }
+    let mut ok = t.ok;
     match ok.len() {
-        0 => Err(broken.or(err).unwrap_or_else(|| {
+        0 => Err(t.broken.or(err).unwrap_or_else(|| {
             Error::format(
                 "cell extension",
                 0,
@@ -354,22 +522,31 @@ fn choose(
         })),
         1 => {
             let (_, p, r, caches) = ok.pop().expect("one reading");
+            let attention = caches.iter().any(|c| !c.memory.is_recurrent());
             let has_cells = caches
                 .iter()
-                .any(|c| c.streams.iter().any(|s| s.cell_count > 0));
+                .any(|c| !c.memory.is_recurrent() && c.cells() > 0);
             let ext_bytes = if has_cells { r.ext_bytes } else { 0 };
             let mut features = p.features;
-            features.push(if r.n_stream {
-                "n_stream"
-            } else {
-                "no n_stream"
-            });
+            if attention {
+                features.push(if r.n_stream {
+                    "n_stream"
+                } else {
+                    "no n_stream"
+                });
+            }
             if ext_bytes > 0 {
                 features.push(if ext_bytes == 12 {
                     "cell ext 12"
                 } else {
                     "cell ext 8"
                 });
+            }
+            if r.v_less && attention {
+                features.push("V-less");
+            }
+            if r.recurrent {
+                features.push("recurrent part");
             }
             Ok(Layout {
                 size: buf.len() as u64,
@@ -391,5 +568,12 @@ fn choose(
             offset: ok.iter().map(|o| o.1.memory as u64).min().unwrap_or(0),
             readings: ok.into_iter().map(|o| o.0).collect(),
         }),
+    }
+}
+
+fn arch_note(p: &Prefix) -> String {
+    match &p.arch {
+        Some(a) => format!(" (the state's arch is {a})"),
+        None => String::new(),
     }
 }

@@ -9,6 +9,14 @@
 //!   occupied while some sequence holds it: every cell lists at least one sequence.
 //! - An empty KV cache is never followed by one holding cells: of an iSWA pair the full-attention
 //!   cache comes first and holds every position the sliding-window one does.
+//! - A cache of no layer is the full-attention cache of a hybrid iSWA model whose attention layers
+//!   all slide (LFM2 with a sliding window): its sliding-window cache follows it.
+//! - The recurrent part (`llama_memory_recurrent`) keeps one cell per sequence (several
+//!   sequences may share it, after `seq_cp`): a sequence state's part holds at most one cell,
+//!   listing no sequence (`state_write_meta` writes n_seq_id 0 for a single sequence, in every
+//!   era; `state_read_meta` refuses another count); a whole-context state's cells each list at
+//!   least one sequence, and no sequence twice. (This tells a recurrent part from a KV cache of
+//!   2025 builds, whose bytes are alike: cell count, cells, a 0, n_layer, two records per layer.)
 //!
 //! Not checked, because llama.cpp does not guarantee it: that a (sequence, position) pair appears
 //! once. M-RoPE image tokens share a position (their x, y differ) and `llama_memory_seq_div`
@@ -17,11 +25,18 @@
 
 use crate::error::{Error, Result};
 use crate::layout::{Cache, Container, Stream};
+use crate::recurrent::AT as RECURRENT;
 
 /// Check a parsed reading of a state of `container` (with the header's `seq_id`, if any).
 pub fn check(container: Container, seq_id: Option<i32>, caches: &[Cache]) -> Result<()> {
-    empty_cache_last(caches)?;
     let per_sequence = matches!(container, Container::RawSeq | Container::Ggsq);
+    let (recurrent, caches): (Vec<&Cache>, Vec<&Cache>) =
+        caches.iter().partition(|c| c.memory.is_recurrent());
+    if let Some(r) = recurrent.first() {
+        recurrent_cells(r, per_sequence)?;
+    }
+    empty_cache_last(&caches)?;
+    no_layer_then_a_cache(&caches)?;
     // The sequence every cell must list, and where it was first seen.
     let mut want: Option<(i32, String)> = seq_id.map(|s| (s, "the seq_id of the header".into()));
     // Whether the cells list their sequence (false: builds before mid-2025), from the first cell.
@@ -97,7 +112,78 @@ fn cells(c: &Cache) -> u64 {
     c.streams.iter().map(|s| s.cell_count as u64).sum()
 }
 
-fn empty_cache_last(caches: &[Cache]) -> Result<()> {
+/// One cell per sequence: see the module's notes.
+fn recurrent_cells(c: &Cache, per_sequence: bool) -> Result<()> {
+    let Some(s) = c.streams.first() else {
+        return Ok(());
+    };
+    if per_sequence && s.cell_count > 1 {
+        return Err(Error::format(
+            format!("{RECURRENT} cell_count"),
+            s.offset as usize,
+            "0 or 1: a sequence has one recurrent state",
+            s.cell_count,
+        ));
+    }
+    let mut seen: Vec<(i32, usize)> = Vec::new();
+    for i in 0..s.cell_count as usize {
+        let ids = s.cell_seqs(i);
+        let n_off = cell_offset(s, i) + 4;
+        let at = format!("{RECURRENT} cell {i} n_seq_id");
+        if per_sequence && !ids.is_empty() {
+            return Err(Error::format(
+                at,
+                n_off as usize,
+                "0: a sequence state's recurrent cell lists no sequence",
+                ids.len(),
+            ));
+        }
+        if !per_sequence && ids.is_empty() {
+            return Err(Error::format(
+                at,
+                n_off as usize,
+                "1 or more: every recurrent cell of a whole-context state belongs to a sequence",
+                0,
+            ));
+        }
+        for &id in ids {
+            if let Some(&(_, first)) = seen.iter().find(|(q, _)| *q == id) {
+                return Err(Error::format(
+                    format!("{RECURRENT} cell {i} seq_id"),
+                    n_off as usize + 4,
+                    format!(
+                        "a sequence other than {id}: it has its recurrent state in cell {first}"
+                    ),
+                    id,
+                ));
+            }
+            seen.push((id, i));
+        }
+    }
+    Ok(())
+}
+
+fn no_layer_then_a_cache(caches: &[&Cache]) -> Result<()> {
+    let Some((ci, last)) = caches.iter().enumerate().next_back() else {
+        return Ok(());
+    };
+    if let Some(s) = last
+        .streams
+        .iter()
+        .find(|s| s.cell_count > 0 && s.layers.is_empty())
+    {
+        return Err(Error::format(
+            format!("cache {ci} stream {} n_layer", s.index),
+            s.layer_header_offset as usize + 4,
+            "1 or more: a cache of no layer is the full-attention half of an iSWA pair, and its \
+             sliding-window cache follows it",
+            0,
+        ));
+    }
+    Ok(())
+}
+
+fn empty_cache_last(caches: &[&Cache]) -> Result<()> {
     let Some(first_empty) = caches.iter().position(|c| cells(c) == 0) else {
         return Ok(());
     };
@@ -107,7 +193,7 @@ fn empty_cache_last(caches: &[Cache]) -> Result<()> {
         .skip(first_empty + 1)
         .find(|(_, c)| cells(c) > 0)
     {
-        let c = &caches[first_empty];
+        let c = caches[first_empty];
         let s0 = c.streams.first().map_or(c.offset, |s| s.offset);
         return Err(Error::format(
             format!("cache {first_empty} stream 0 cell_count"),

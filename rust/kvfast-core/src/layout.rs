@@ -26,11 +26,14 @@ impl Container {
     }
 }
 
-/// One K or V record: a header and the rows of every cell.
+/// One K, V, R or S record: a header and the rows of every cell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
+    /// K or V (an attention cache), R or S (the recurrent part).
+    pub kind: Kind,
     pub ty: GgmlType,
-    /// Values per cell (n_embd_k_gqa or n_embd_v_gqa).
+    /// Values per cell (n_embd_k_gqa or n_embd_v_gqa; n_embd_r or n_embd_s, 0 for a state the
+    /// model does not keep).
     pub n_embd: u64,
     /// Bytes of one cell's row (for a transposed record: el_bytes * n_embd).
     pub row_bytes: u64,
@@ -42,6 +45,9 @@ pub struct Record {
     pub transposed: bool,
 }
 
+/// One layer of a stream: its K record and its V record (None in a V-less MLA cache); in the
+/// recurrent part, its R record (in `k`) and its S record (in `v`). Each record knows its kind:
+/// ask [`Layer::record`] rather than reading the fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layer {
     pub k: Record,
@@ -49,54 +55,64 @@ pub struct Layer {
 }
 
 impl Layer {
-    /// The layer's K record, or its V record (None when the model has no V).
+    /// The layer's record of `kind` (None when it has none: no V in a V-less cache, no K or V in
+    /// the recurrent part, no R or S in an attention cache).
     pub fn record(&self, kind: Kind) -> Option<&Record> {
-        match kind {
-            Kind::K => Some(&self.k),
-            Kind::V => self.v.as_ref(),
+        if self.k.kind == kind {
+            return Some(&self.k);
         }
+        self.v.as_ref().filter(|v| v.kind == kind)
     }
 }
 
-/// K or V.
+/// K or V (attention caches), R or S (the recurrent part: the conv / token-shift state, and the
+/// SSM / WKV / delta-net state).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kind {
     K,
     V,
+    R,
+    S,
 }
 
 impl Kind {
     pub const BOTH: [Kind; 2] = [Kind::K, Kind::V];
+    pub const RECURRENT: [Kind; 2] = [Kind::R, Kind::S];
+    pub const ALL: [Kind; 4] = [Kind::K, Kind::V, Kind::R, Kind::S];
 
-    /// "k" or "v", as tables and regions name it.
+    /// "k", "v", "r" or "s", as tables and regions name it.
     pub fn name(self) -> &'static str {
         match self {
             Kind::K => "k",
             Kind::V => "v",
+            Kind::R => "r",
+            Kind::S => "s",
         }
     }
 
-    /// "k", "K", "v" or "V".
+    /// "k", "v", "r" or "s", either case.
     pub fn parse(s: &str) -> Option<Kind> {
         match s {
             "k" | "K" => Some(Kind::K),
             "v" | "V" => Some(Kind::V),
+            "r" | "R" => Some(Kind::R),
+            "s" | "S" => Some(Kind::S),
             _ => None,
         }
     }
 
-    /// 0 for K, 1 for V: the index of per-kind pairs such as [K, V] rotation groups.
+    /// 0 for K (R), 1 for V (S): the index of per-kind pairs such as [K, V] rotation groups (the
+    /// recurrent part is never rotated).
     pub fn index(self) -> usize {
         match self {
-            Kind::K => 0,
-            Kind::V => 1,
+            Kind::K | Kind::R => 0,
+            Kind::V | Kind::S => 1,
         }
     }
-}
 
-impl std::fmt::Display for Kind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+    /// R or S.
+    pub fn is_recurrent(self) -> bool {
+        matches!(self, Kind::R | Kind::S)
     }
 }
 
@@ -126,12 +142,47 @@ impl Stream {
     }
 }
 
+/// What a cache of the state is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    /// An attention KV cache (`llama_kv_cache`): K and V records (K only when V-less).
+    Attention,
+    /// The recurrent part (`llama_memory_recurrent`): one stream of one cell per sequence, R and S
+    /// records of the layers that have them; `n_layer` is its field (every layer of the model).
+    Recurrent { n_layer: u32 },
+}
+
+impl Memory {
+    /// "kv" or "recurrent".
+    pub fn name(self) -> &'static str {
+        match self {
+            Memory::Attention => "kv",
+            Memory::Recurrent { .. } => "recurrent",
+        }
+    }
+
+    pub fn is_recurrent(self) -> bool {
+        matches!(self, Memory::Recurrent { .. })
+    }
+}
+
+/// One part of a state's memory: an attention cache (an iSWA model writes two), or the recurrent
+/// part (last: a hybrid writes its attention caches, then it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cache {
     pub offset: u64,
-    /// Whether the cache starts with a u32 n_stream (builds from mid-2025 on).
+    /// Whether the cache starts with a u32 n_stream (builds from mid-2025 on; never the
+    /// recurrent part).
     pub has_n_stream: bool,
+    pub memory: Memory,
     pub streams: Vec<Stream>,
+}
+
+impl Cache {
+    /// Cells of every stream.
+    pub fn cells(&self) -> u64 {
+        self.streams.iter().map(|s| s.cell_count as u64).sum()
+    }
 }
 
 /// Outputs of a GGSN version 9 (or 2025 raw) whole-context state.
@@ -143,6 +194,12 @@ pub struct Outputs {
     pub n_logits: u64,
     pub embd_offset: u64,
     pub n_embd: u64,
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// One contiguous region of the file.
@@ -180,10 +237,24 @@ pub struct Layout {
     pub features: Vec<&'static str>,
     /// Offset of the container's own header regions, in file order, up to the first cache.
     pub prefix: Vec<Region>,
+    /// The attention caches in file order, then the recurrent part, if any.
     pub caches: Vec<Cache>,
 }
 
 impl Layout {
+    /// The attention caches (every cache but the recurrent part).
+    pub fn attention(&self) -> impl Iterator<Item = &Cache> {
+        self.caches.iter().filter(|c| !c.memory.is_recurrent())
+    }
+
+    /// The recurrent part, with its index among the caches.
+    pub fn recurrent(&self) -> Option<(usize, &Cache)> {
+        self.caches
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.memory.is_recurrent())
+    }
+
     /// Every region of the file in file order; they tile the file exactly.
     pub fn regions(&self) -> Vec<Region> {
         let mut out = self.prefix.clone();
@@ -213,45 +284,56 @@ impl Layout {
                     stream: Some(s.index),
                     ..base.clone()
                 };
+                let recurrent = cache.memory.is_recurrent();
                 out.push(Region {
                     offset: s.offset,
                     nbytes: 4,
-                    what: "stream header",
+                    what: if recurrent {
+                        "recurrent header"
+                    } else {
+                        "stream header"
+                    },
                     ..sb.clone()
                 });
-                if s.cell_count == 0 {
+                // an empty stream ends at its cell count; the recurrent part never does
+                if s.cell_count == 0 && !recurrent {
                     continue;
                 }
-                out.push(Region {
-                    offset: s.meta_offset,
-                    nbytes: s.meta_len,
-                    what: "cell meta",
-                    ..sb.clone()
-                });
+                if s.meta_len > 0 {
+                    out.push(Region {
+                        offset: s.meta_offset,
+                        nbytes: s.meta_len,
+                        what: "cell meta",
+                        ..sb.clone()
+                    });
+                }
                 out.push(Region {
                     offset: s.layer_header_offset,
                     nbytes: 8,
                     what: "layer header",
                     ..sb.clone()
                 });
-                for kind in ["k", "v"] {
+                let kinds = if recurrent {
+                    Kind::RECURRENT
+                } else {
+                    Kind::BOTH
+                };
+                for kind in kinds {
                     for (li, layer) in s.layers.iter().enumerate() {
-                        let rec = if kind == "k" {
-                            Some(&layer.k)
-                        } else {
-                            layer.v.as_ref()
+                        let Some(rec) = layer.record(kind) else {
+                            continue;
                         };
-                        let Some(rec) = rec else { continue };
                         let rb = Region {
-                            kind: Some(kind),
+                            kind: Some(kind.name()),
                             layer: Some(li as u32),
                             ty: Some(rec.ty),
                             ..sb.clone()
                         };
-                        let (hw, rw) = if kind == "k" {
-                            ("k header", "k rows")
-                        } else {
-                            ("v header", "v rows")
+                        let (hw, rw) = match kind {
+                            Kind::K => ("k header", "k rows"),
+                            Kind::V => ("v header", "v rows"),
+                            Kind::R => ("r header", "r rows"),
+                            Kind::S => ("s header", "s rows"),
                         };
                         out.push(Region {
                             offset: rec.header_offset,

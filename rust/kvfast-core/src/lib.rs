@@ -5,6 +5,7 @@
 
 pub mod alloc;
 pub mod cache;
+pub mod cells;
 pub mod container;
 pub mod cursor;
 pub mod decode;
@@ -16,6 +17,7 @@ pub mod layout;
 pub mod matching;
 pub mod pages;
 pub mod quantize;
+pub mod recurrent;
 pub mod rotation;
 pub mod round_trip;
 pub mod select;

@@ -133,6 +133,8 @@ pub fn jobs<'a>(layout: &'a Layout, sel: &Selection) -> Result<Vec<Job<'a>>, Pla
                 let given = match kind {
                     Kind::K => sel.head_dim_k,
                     Kind::V => sel.head_dim_v,
+                    // R and S rows have no heads: one spans the row
+                    Kind::R | Kind::S => None,
                 };
                 for (li, layer) in stream.layers.iter().enumerate() {
                     let li = li as u32;

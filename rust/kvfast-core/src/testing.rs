@@ -1,12 +1,13 @@
 //! Layouts built field by field for the planners' unit tests (no bytes behind them).
 
-use crate::layout::{Cache, Container, Layer, Layout, Record, Stream};
+use crate::layout::{Cache, Container, Kind, Layer, Layout, Memory, Record, Stream};
 use crate::types::GgmlType;
 
 /// A record of `n_embd` values per cell (its offsets mean nothing).
 pub fn record(ty: GgmlType, n_embd: u64) -> Record {
     let row_bytes = ty.row_bytes(n_embd).unwrap_or(0);
     Record {
+        kind: Kind::K,
         ty,
         n_embd,
         row_bytes,
@@ -44,7 +45,10 @@ pub fn stream(index: u32, pos: &[i32], seqs: &[&[i32]], layers: &[(u64, Option<u
             .iter()
             .map(|&(k, v)| Layer {
                 k: record(GgmlType::F16, k),
-                v: v.map(|v| record(GgmlType::F16, v)),
+                v: v.map(|v| Record {
+                    kind: Kind::V,
+                    ..record(GgmlType::F16, v)
+                }),
             })
             .collect(),
     }
@@ -69,6 +73,7 @@ pub fn layout(caches: Vec<Vec<Stream>>) -> Layout {
             .map(|streams| Cache {
                 offset: 0,
                 has_n_stream: true,
+                memory: Memory::Attention,
                 streams,
             })
             .collect(),

@@ -349,6 +349,8 @@ pub fn quant_error(
             let rot = match j0.kind {
                 Kind::K => rotate.0,
                 Kind::V => rotate.1,
+                // llama.cpp never rotates the recurrent part
+                Kind::R | Kind::S => 0,
             };
             let rt = RoundTrip::new(ty, rot, n, j0.layer, j0.kind)?;
             let trip = move |x: &[f32], y: &mut [f32]| rt.apply(x, y);

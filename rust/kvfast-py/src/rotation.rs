@@ -16,5 +16,7 @@ pub fn rotation_group(kind: &str, type_name: &str, head_dim: Option<u64>) -> Res
     Ok(match parse_kind(kind)? {
         Kind::K => k_group(ty, head_dim),
         Kind::V => v_group(ty, head_dim),
+        // the recurrent part is never rotated
+        Kind::R | Kind::S => None,
     })
 }

@@ -99,7 +99,10 @@ impl State {
     #[new]
     #[pyo3(signature = (path, cell_ext=None, mmap=true))]
     fn new(py: Python<'_>, path: PathBuf, cell_ext: Option<bool>, mmap: bool) -> Result<Self> {
-        let opts = WalkOptions { cell_ext };
+        let opts = WalkOptions {
+            cell_ext,
+            ..WalkOptions::default()
+        };
         let sf = py.detach(|| {
             if mmap {
                 StateFile::open(&path, opts)
@@ -114,7 +117,15 @@ impl State {
     #[staticmethod]
     #[pyo3(signature = (data, cell_ext=None))]
     fn from_bytes(py: Python<'_>, data: Vec<u8>, cell_ext: Option<bool>) -> Result<Self> {
-        let sf = py.detach(|| StateFile::from_bytes(data, WalkOptions { cell_ext }))?;
+        let sf = py.detach(|| {
+            StateFile::from_bytes(
+                data,
+                WalkOptions {
+                    cell_ext,
+                    ..WalkOptions::default()
+                },
+            )
+        })?;
         Ok(State::wrap(sf))
     }
 
