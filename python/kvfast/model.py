@@ -1,4 +1,13 @@
-"""Head geometry and layer order of a model, from its GGUF header (tensors are never read)."""
+"""Head geometry, layer order and memory of a model, from its GGUF header (tensors are never read).
+
+Which layers llama.cpp keeps in its attention caches and which in its recurrent part follows
+llama.cpp's loader (src/models/<arch>.cpp, ``llama_model::create_memory``): recurrent models
+(Mamba, RWKV) keep every layer in the recurrent part; hybrids split them by architecture (a layer of
+no KV head is recurrent in LFM2, Granite 4, Jamba, Kimi Linear; Qwen3-Next / Qwen3.5 mark every
+``full_attention_interval``-th layer as attention unless ``attention.recurrent_layers`` lists them;
+Falcon-H1 keeps every layer in both; Nemotron-H keeps its MLP layers in neither). An MLA model
+(``attention.key_length_mla`` and ``value_length_mla``) keeps K records only.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +22,31 @@ from kvfast.errors import ModelMismatchError
 MAX_LAYERS = 4096
 #: More values per row than any model has (kvfast-core's bound): bounds head sizes and counts.
 MAX_VALUES = 1 << 24
+
+# llm_arch_is_recurrent: the memory is the recurrent part alone, every layer in it
+RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+# hybrids whose recurrent layers are those of no KV head (their is_recr rule)
+_NO_KV_HEAD_IS_RECURRENT = frozenset(
+    {
+        "jamba",
+        "granitehybrid",
+        "lfm2",
+        "lfm2moe",
+        "plamo2",
+        "kimi-linear",
+        "bailingmoe3",
+        "kimi-k3",
+        "glm5-next",
+    }
+)
+# hybrids whose recurrent layers are listed, or all but every full_attention_interval-th one
+_INTERVAL = frozenset({"qwen3next", "qwen35", "qwen35moe", "qwen4exp", "minimax-01"})
+HYBRID_ARCHS = (
+    _NO_KV_HEAD_IS_RECURRENT | _INTERVAL | {"falcon-h1", "nemotron_h", "nemotron_h_moe", "deepseek4"}
+)
+# GGUF keys (after "<arch>.") of a recurrent layer's hyperparameters: a model with none keeps no
+# recurrent part, whatever its arch
+_RECURRENT_KEYS = ("ssm.", "shortconv.", "wkv.", "token_shift_count", "kda.", "linear_attention")
 
 # llama.cpp's hard-coded sliding-window patterns (llama_hparams::set_swa_pattern(n)): layer il uses
 # the sliding window when il % n < n - 1, i.e. every n-th layer is full attention.
@@ -29,6 +63,15 @@ class ModelGeometry:
     head_dim_v: int
     n_head_kv: tuple[int, ...]
     swa: tuple[bool, ...]
+    #: Per layer, whether it has R and S records in the recurrent part; None where kvfast cannot
+    #: tell (an arch it does not know with recurrent hyperparameters, a probe manifest).
+    recurrent: tuple[bool, ...] | None = None
+    #: Per layer, whether it is in the attention caches; None: every layer.
+    attention: tuple[bool, ...] | None = None
+    #: Whether the attention caches hold K records only (MLA); None: not known.
+    v_less: bool | None = None
+    #: The recurrent part's n_layer field (block_count less the NextN / MTP layers).
+    n_layer_trunk: int | None = None
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike[str]) -> ModelGeometry:
@@ -46,22 +89,33 @@ class ModelGeometry:
 
         name, v = key("block_count")
         n_layer = _count(where, name, v, 1, MAX_LAYERS)
+        name, v = key("nextn_predict_layers")
+        nextn = 0 if v is None else _count(where, name, v, 0, n_layer)
         name_h, n_head = key("attention.head_count")
         name_kv, n_head_kv = key("attention.head_count_kv")
         if n_head_kv is None:
             name_kv, n_head_kv = name_h, n_head
+        if n_head_kv is None and arch in RECURRENT_ARCHS:
+            n_head_kv = 0  # no attention head at all
         heads_kv = _per_layer(where, name_kv, n_head_kv, n_layer)
         n_head0 = _per_layer(where, name_h, n_head, n_layer)[0] if n_head is not None else 0
         name, v = key("embedding_length")
         emb = 0 if v is None else _count(where, name, v, 0, MAX_VALUES)
+        recurrent = _recurrent(where, arch, meta, n_layer, nextn, heads_kv)
+        attention = _attention(where, arch, meta, n_layer, nextn, heads_kv, recurrent)
         name_k, v = key("attention.key_length")
-        if v is None:
-            if not n_head0 or not emb:
-                raise _bad(where, name_k, v, "the head size (or embedding_length and head_count)")
-            v = emb // n_head0
-        head_dim_k = _count(where, name_k, v, 1, MAX_VALUES)
-        name, v = key("attention.value_length")
-        head_dim_v = head_dim_k if v is None else _count(where, name, v, 1, MAX_VALUES)
+        if v is None and attention is not None and not any(attention):
+            head_dim_k = head_dim_v = 0  # no attention layer, no head
+        else:
+            if v is None:
+                if not n_head0 or not emb:
+                    raise _bad(where, name_k, v, "the head size (or embedding_length and head_count)")
+                v = emb // n_head0
+            head_dim_k = _count(where, name_k, v, 1, MAX_VALUES)
+            name, v = key("attention.value_length")
+            head_dim_v = head_dim_k if v is None else _count(where, name, v, 1, MAX_VALUES)
+        mla = [key(f"attention.{k}_length_mla")[1] for k in ("key", "value")]
+        v_less = all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in mla)
         name, pattern = key("attention.sliding_window_pattern")
         if isinstance(pattern, list):
             if len(pattern) != n_layer:
@@ -70,26 +124,127 @@ class ModelGeometry:
         else:
             n = _SWA_PATTERN.get(arch, 0) if pattern is None else _count(where, name, pattern, 0, MAX_LAYERS)
             swa = tuple(n > 1 and il % n < n - 1 for il in range(n_layer))
-        return cls(arch, n_layer, head_dim_k, head_dim_v, tuple(heads_kv), swa)
+        name, window = key("attention.sliding_window")
+        if arch in ("lfm2", "lfm2moe") and window and attention is not None:
+            # LFM2 with a window: every attention layer slides (its is_swa rule)
+            _count(where, name, window, 0, 1 << 31)
+            swa = attention
+        return cls(
+            arch,
+            n_layer,
+            head_dim_k,
+            head_dim_v,
+            tuple(heads_kv),
+            swa,
+            recurrent=recurrent,
+            attention=attention,
+            v_less=v_less,
+            n_layer_trunk=n_layer - nextn,
+        )
+
+    def attention_layers(self) -> list[int]:
+        """The model's layers the attention caches hold, in order."""
+        return [il for il in range(self.n_layer) if self.attention is None or self.attention[il]]
+
+    def recurrent_layers(self) -> list[int] | None:
+        """The model's layers with R and S records, in order (None: not known)."""
+        if self.recurrent is None:
+            return None
+        return [il for il, r in enumerate(self.recurrent) if r]
+
+    def walk_hints(self) -> dict[str, Any]:
+        """What the reader cannot tell from the bytes, as the model says it: whether the caches
+        hold V, and the recurrent part's layers ((n_layer field, layers with records))."""
+        rec = self.recurrent_layers()
+        n_trunk = self.n_layer if self.n_layer_trunk is None else self.n_layer_trunk
+        return {"v_less": self.v_less, "recurrent": None if rec is None else (n_trunk, len(rec))}
 
     def model_layers(self, cache_layers: list[int]) -> list[list[int]]:
-        """The model's layer index of every layer of each cache, given each cache's layer count.
+        """The model's layer index of every layer of each attention cache, given each cache's layer
+        count (the recurrent part's layers are :meth:`recurrent_layers`).
 
-        One cache holds every layer; iSWA states hold the full-attention layers' cache, then the
-        sliding-window layers' cache (or that one alone when written with PARTIAL_ONLY).
+        One cache holds every attention layer; iSWA states hold the full-attention layers' cache,
+        then the sliding-window layers' cache (or that one alone when written with PARTIAL_ONLY).
         """
-        full = [il for il in range(self.n_layer) if not self.swa[il]]
-        window = [il for il in range(self.n_layer) if self.swa[il]]
-        if cache_layers == [self.n_layer]:
-            return [list(range(self.n_layer))]
+        layers = self.attention_layers()
+        full = [il for il in layers if not self.swa[il]]
+        window = [il for il in layers if self.swa[il]]
+        if cache_layers == [len(layers)]:
+            return [layers]
         if window and cache_layers == [len(full), len(window)]:
             return [full, window]
         if window and cache_layers == [len(window)]:
             return [window]
+        if not layers and cache_layers == []:
+            return []
         raise ModelMismatchError(
-            f"the model ({self.arch}) has {self.n_layer} layers ({len(window)} sliding-window), "
-            f"the state's caches have {cache_layers} layers"
+            f"the model ({self.arch}) has {len(layers)} attention layers ({len(window)} sliding-window)"
+            f" of {self.n_layer}, the state's caches have {cache_layers} layers"
         )
+
+
+def _recurrent(
+    where: str, arch: str, meta: dict[str, Any], n_layer: int, nextn: int, heads_kv: list[int]
+) -> tuple[bool, ...] | None:
+    """Per layer, whether llama.cpp keeps it in the recurrent part (its is_recr rule and the
+    recurrent memory's layer filter, create_memory)."""
+    trunk = n_layer - nextn
+    if arch in RECURRENT_ARCHS or arch == "falcon-h1":
+        return tuple(il < trunk for il in range(n_layer))
+    if arch in _NO_KV_HEAD_IS_RECURRENT:
+        return tuple(il < trunk and heads_kv[il] == 0 for il in range(n_layer))
+    if arch in ("nemotron_h", "nemotron_h_moe"):
+        name = f"{arch}.feed_forward_length"
+        ff = _per_layer(where, name, meta.get(name, 0), n_layer)
+        return tuple(il < trunk and heads_kv[il] == 0 and ff[il] == 0 for il in range(n_layer))
+    if arch in _INTERVAL:
+        name = f"{arch}.attention.recurrent_layers"
+        listed = meta.get(name)
+        if listed is not None:
+            flags = (
+                [_flag(where, f"{name}[{il}]", x) for il, x in enumerate(listed)]
+                if isinstance(listed, list)
+                else [_flag(where, name, listed)] * n_layer
+            )
+            if len(flags) != n_layer:
+                raise _length(where, name, listed, n_layer)
+            return tuple(il < trunk and f for il, f in enumerate(flags))
+        name = f"{arch}.full_attention_interval"
+        v = meta.get(name)
+        n = 4 if v is None else _count(where, name, v, 1, MAX_LAYERS)
+        return tuple(il < trunk and (il + 1) % n != 0 for il in range(n_layer))
+    if any(k.startswith(f"{arch}.{r}") for k in meta for r in _RECURRENT_KEYS):
+        return None  # a recurrent model of an arch kvfast does not know: the bytes tell
+    return tuple(False for _ in range(n_layer))
+
+
+def _attention(
+    where: str,
+    arch: str,
+    meta: dict[str, Any],
+    n_layer: int,
+    nextn: int,
+    heads_kv: list[int],
+    recurrent: tuple[bool, ...] | None,
+) -> tuple[bool, ...] | None:
+    """Per layer, whether llama.cpp keeps it in the attention caches (create_memory's filters)."""
+    trunk = n_layer - nextn
+    if arch in RECURRENT_ARCHS:
+        return tuple(False for _ in range(n_layer))
+    if arch == "falcon-h1":
+        return tuple(True for _ in range(n_layer))
+    if recurrent is None:
+        return None
+    if arch in ("nemotron_h", "nemotron_h_moe"):
+        name = f"{arch}.feed_forward_length"
+        ff = _per_layer(where, name, meta.get(name, 0), n_layer)
+        return tuple(not recurrent[il] and ff[il] == 0 for il in range(n_layer))
+    if arch in _INTERVAL:
+        return tuple(il < trunk and not recurrent[il] for il in range(n_layer))
+    if arch in _NO_KV_HEAD_IS_RECURRENT:
+        return tuple(not r for r in recurrent)
+    # attention models: a NextN / MTP block is kept out of the main context's cache
+    return tuple(il < trunk for il in range(n_layer))
 
 
 def _err(path: str, key: str, message: str) -> ModelMismatchError:
