@@ -35,6 +35,10 @@ def _row(state: str | None, whole: str | None = None, pieces: list[str] | None =
         "head_dim_v": g.head_dim_v,
         "n_head_kv": list(g.n_head_kv),
         "swa": list(g.swa),
+        "recurrent": None if g.recurrent is None else list(g.recurrent),
+        "attention": None if g.attention is None else list(g.attention),
+        "v_less": g.v_less,
+        "n_layer_trunk": g.n_layer_trunk,
         "attn_rot": False,
         "llama_build": "test build",
     }

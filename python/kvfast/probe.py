@@ -239,6 +239,11 @@ def _geometry(model: str) -> dict[str, Any]:
         "head_dim_k": g.head_dim_k,
         "head_dim_v": g.head_dim_v,
         "swa": list(g.swa),
+        # the memory: which layers are recurrent / attention (None: not known), K only (MLA)
+        "recurrent": None if g.recurrent is None else list(g.recurrent),
+        "attention": None if g.attention is None else list(g.attention),
+        "v_less": g.v_less,
+        "n_layer_trunk": g.n_layer_trunk,
     }
 
 

@@ -112,13 +112,26 @@ def _geometry(row: dict[str, Any]) -> ModelGeometry | None:
         return None
     if not isinstance(swa, list) or not all(isinstance(s, bool) for s in swa):
         return None
+    n = row["n_layer"]
+
+    def flags(name: str) -> tuple[bool, ...] | None:  # a memory column of newer manifests
+        v = row.get(name)
+        if isinstance(v, list) and len(v) == n and all(isinstance(x, bool) for x in v):
+            return tuple(v)
+        return None
+
+    v_less, trunk = row.get("v_less"), row.get("n_layer_trunk")
     return ModelGeometry(
         arch=arch,
-        n_layer=row["n_layer"],
+        n_layer=n,
         head_dim_k=row["head_dim_k"],
         head_dim_v=row["head_dim_v"],
         n_head_kv=tuple(heads),
         swa=tuple(swa),
+        recurrent=flags("recurrent"),
+        attention=flags("attention"),
+        v_less=v_less if isinstance(v_less, bool) else None,
+        n_layer_trunk=trunk if _int(trunk) else None,
     )
 
 
