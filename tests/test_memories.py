@@ -5,10 +5,13 @@ sliding window); each against an independent reading of the same bytes (memory_b
 from pathlib import Path
 
 import gguf
+import numpy as np
+import polars as pl
 import pytest
 from conftest import DATA, MEMORY_FOLDERS, probe
 from memory_bytes import read
 
+import kvfast
 from kvfast.model import ModelGeometry
 
 MEMORY_FILES = sorted(
@@ -128,3 +131,156 @@ def test_an_unknown_recurrent_arch_leaves_the_layer_map_to_the_bytes(tmp_path: P
     assert g.recurrent is None and g.walk_hints()["recurrent"] is None
     g = ModelGeometry.from_gguf(_header(tmp_path / "n.gguf", "futurenet", 2, attention__head_count=4))
     assert g.walk_hints()["recurrent"] == (2, 0)
+
+
+def _model(path: Path) -> Path:
+    return MODELS / probe(path.parent)["model"]
+
+
+def _open(path: Path, model: bool = True) -> kvfast.Dump:
+    # the stored numbers: no quantized cache of these fixtures is rotated (see test_mla_q8_0_...)
+    return kvfast.open(path, model=_model(path) if model else None, rotation="none")
+
+
+def _own_seq(path: Path, attention: bool) -> int | None:
+    """A sequence state's sequence: its io header's, or (GGSQ) the one its attention cells list; a
+    GGSQ of a recurrent model names none (its one cell lists none)."""
+    if not path.name.startswith("seq-") or (path.suffix == ".ggsq" and not attention):
+        return None
+    return int(path.stem.split("-")[1])
+
+
+def test_every_fixture_reads_like_numpy(memory_file: Path) -> None:
+    spec, parts = read(memory_file)
+    attention = [p for p in parts if p.kind == "kv"]
+    with _open(memory_file) as d:
+        assert len(d.caches) == spec.kv_caches
+        for c, part, model_layers in zip(d.caches, attention, spec.model_layers, strict=True):
+            s = next((x for x in c.streams if x.cell_count), c.streams[0])
+            assert [ly.model_layer for ly in s.layers] == list(model_layers)
+            assert list(s.pos) == part.pos and s.seq_ids == part.seqs
+            for r in part.recs:
+                got = d.values(r.layer, r.kind, cache=c.index, dtype="float32")
+                np.testing.assert_array_equal(got, r.values)
+                if r.type in ("f16", "f32"):  # (a q8_0 value's byte follows its block's scale)
+                    assert d.address(r.layer, 0, kind=r.kind, cache=c.index) == r.offset
+            if spec.v_less and c.n_layer:
+                assert all(ly.v_type is None for ly in s.layers)
+                with pytest.raises(kvfast.SelectionError, match="V-less"):
+                    d.values(0, "v", cache=c.index)
+        rec = d.recurrent
+        if not spec.recurrent_layers:
+            assert rec is None
+            with pytest.raises(kvfast.SelectionError, match="recurrent part"):
+                d.values(0, "r")
+            return
+        part = parts[-1]
+        assert rec is not None and rec.index == len(d.caches)
+        assert (rec.cell_count, rec.n_layer) == (part.cells, part.n_layer)
+        assert list(rec.stream.pos) == part.pos and rec.stream.seq_ids == part.seqs
+        assert [ly.model_layer for ly in rec.layers] == list(spec.recurrent_model_layers)
+        for r in part.recs:
+            got = d.values(r.layer, r.kind)
+            assert got.dtype == np.float32 and got.shape == (part.cells, r.n)
+            np.testing.assert_array_equal(got, r.values)
+            if r.n:
+                assert d.address(r.layer, 0, kind=r.kind) == r.offset
+            else:
+                with pytest.raises(kvfast.SelectionError, match="0 values"):
+                    d.address(r.layer, 0, kind=r.kind)
+        # K and V of the recurrent part, R and S of an attention cache: none
+        with pytest.raises(kvfast.SelectionError, match="recurrent part"):
+            d.values(0, "k", cache=rec.index)
+        if d.caches:
+            with pytest.raises(kvfast.SelectionError, match="attention cache"):
+                d.values(0, "r", cache=0)
+
+
+def test_the_tables_hold_the_recurrent_rows_once_per_sequence(memory_file: Path) -> None:
+    spec, parts = read(memory_file)
+    with _open(memory_file) as d:
+        if d.recurrent is None:
+            return
+        part = parts[-1]
+        own = _own_seq(memory_file, bool(d.caches))
+        for kind in "rs":
+            df = d.to_polars(kinds=[kind])
+            recs = [r for r in part.recs if r.kind == kind]
+            width = recs[0].n
+            if width == 0:  # LFM2 keeps no S: no values, no rows
+                assert df.height == 0
+                continue
+            assert df.schema["values"] == pl.Array(pl.Float32, width)
+            assert set(df["cache"]) == {d.recurrent.index} and set(df["head"]) == {0}
+            # one row per (cell, sequence): a sequence state's cell lists none, and is its own
+            pairs = [(c, q) for c in range(part.cells) for q in (part.seqs[c] or [own])]
+            for r in recs:
+                rows = df.filter(layer=r.layer)
+                assert rows["seq_id"].to_list() == [q for _, q in pairs]
+                assert rows["pos"].to_list() == [part.pos[c] for c, _ in pairs]
+                assert set(rows["model_layer"]) == {spec.recurrent_model_layers[r.layer]}
+                got = np.stack(rows["values"].to_numpy())
+                np.testing.assert_array_equal(got, r.values[[c for c, _ in pairs]])
+            # statistics over the same rows
+            by_layer = d.stats(by="layer", kinds=[kind])
+            assert by_layer["count"].to_list() == [part.cells * width] * len(recs)
+            assert by_layer["cells"].to_list() == [part.cells] * len(recs)
+        # K and V only by default
+        assert set(d.to_polars()["kind"]) <= {"k", "v"}
+        with pytest.raises(kvfast.SelectionError):
+            d.to_polars(kinds=["r"], heads=[1])
+
+
+def test_layout_names_the_recurrent_records(memory_file: Path) -> None:
+    _, parts = read(memory_file)
+    with _open(memory_file) as d:
+        lay = d.layout()
+        assert lay["offset"][0] == 0 and (lay["offset"] + lay["nbytes"]).to_list()[-1] == d.size
+        assert (lay["offset"][1:] == (lay["offset"] + lay["nbytes"])[:-1]).all()
+        rows = lay.filter(pl.col("what").str.ends_with("rows"))
+        want = sorted((r.kind, r.layer, r.offset) for p in parts for r in p.recs)
+        got = sorted(zip(rows["kind"], rows["layer"], rows["offset"], strict=True))
+        assert got == want
+        if d.recurrent is not None:
+            assert set(lay.filter(kind="s")["cache"]) == {d.recurrent.index}
+            assert "recurrent header" in lay["what"].to_list()
+
+
+def test_without_the_model(memory_file: Path) -> None:
+    spec, _ = read(memory_file)
+    if spec.v_less:
+        # K records and no V: a V-less cache, or a state cut before its V records
+        with pytest.raises(kvfast.AmbiguousError, match="model="):
+            _open(memory_file, model=False)
+        return
+    with _open(memory_file, model=False) as d:
+        rec = d.recurrent
+        assert rec is not None
+        hybrid = bool(d.caches)
+        # a hybrid's layer map is the model's to give; a recurrent model's holds every layer
+        want = [None] * len(rec.layers) if hybrid else list(range(len(rec.layers)))
+        assert [ly.model_layer for ly in rec.layers] == want
+        for c in d.caches:
+            assert all(ly.model_layer is None for s in c.streams for ly in s.layers)
+        with _open(memory_file) as m:
+            for kind in "rs":
+                for layer in range(len(rec.layers)):
+                    np.testing.assert_array_equal(d.values(layer, kind), m.values(layer, kind))
+
+
+def test_mla_q8_0_k_is_stored_as_computed() -> None:
+    # llama.cpp's K-only attention (deepseek2) has no Hadamard rotation: the q8_0 K as stored is
+    # the f16 K within q8_0's loss, and kvfast leaves it so
+    f16 = DATA / "deepseek2mla-f16-fa/seq-0.bin"
+    q8 = DATA / "deepseek2mla-q8_0-fa/seq-0.bin"
+    with kvfast.open(f16, model=_model(f16)) as a, kvfast.open(q8, model=_model(q8)) as b:
+        (r,) = b.rotation
+        assert (r.kind, r.undone) == ("k", False) and r.certain and "V-less" in r.evidence
+        for layer in range(2):
+            x, y = a.values(layer, "k", dtype="float32"), b.values(layer, "k")
+            assert np.linalg.norm(y - x) / np.linalg.norm(x) < 0.02
+        # one head: the latent and the RoPE part
+        assert set(b.to_polars()["head"]) == {0}
+    # the row has no heads to split
+    with pytest.raises(kvfast.ModelMismatchError, match="key_length is 192"):
+        kvfast.open(q8, model=_model(q8), head_dim=64)

@@ -55,9 +55,21 @@ class ArrowStream:
 
 @final
 class State:
-    def __new__(cls, path: str | PathLike[str], cell_ext: bool | None = None, mmap: bool = True) -> State: ...
+    def __new__(
+        cls,
+        path: str | PathLike[str],
+        cell_ext: bool | None = None,
+        mmap: bool = True,
+        v_less: bool | None = None,
+        recurrent: tuple[int, int] | None = None,
+    ) -> State: ...
     @staticmethod
-    def from_bytes(data: bytes, cell_ext: bool | None = None) -> State: ...
+    def from_bytes(
+        data: bytes,
+        cell_ext: bool | None = None,
+        v_less: bool | None = None,
+        recurrent: tuple[int, int] | None = None,
+    ) -> State: ...
     def set_rotation(self, groups: list[list[int]]) -> None: ...
     @property
     def rotation(self) -> list[list[int]]: ...

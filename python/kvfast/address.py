@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from kvfast import ggml, select
 from kvfast.errors import SelectionError
-from kvfast.structure import Cache, Layer, Stream
+from kvfast.structure import Cache, Layer, Recurrent, RecurrentLayer, Stream
 
 # From the one type table: bytes per value of the float types; bytes per block and where the
 # quants start in a block of the quantized ones.
@@ -16,10 +16,10 @@ _QUANT = {n: (t.block_bytes, t.quants_at) for n, t in ggml.TYPES.items() if t.bl
 
 @dataclass(frozen=True)
 class RecordRef:
-    """One K or V record of one stream, with that kind's fields picked out."""
+    """One K, V, R or S record of one stream, with that kind's fields picked out."""
 
     stream: Stream
-    layer: Layer
+    layer: Layer | RecurrentLayer
     kind: str
     type: str
     offset: int  # file offset of the first row
@@ -32,12 +32,28 @@ class RecordRef:
 
 
 def record_ref(
-    caches: list[Cache], cache: int, layer: int, kind: str, stream: int | None = None
+    caches: list[Cache],
+    cache: int | None,
+    layer: int,
+    kind: str,
+    stream: int | None = None,
+    recurrent: Recurrent | None = None,
 ) -> RecordRef:
-    """The record of (cache, stream, layer, kind); ``stream=None``: the first stream holding cells.
+    """The record of (cache, stream, layer, kind); ``stream=None``: the first stream holding cells;
+    ``cache=None``: the first attention cache for K and V, the `recurrent` part for R and S.
     Raises :class:`kvfast.SelectionError` for anything out of range or not an integer."""
     kind = select.kind(kind)
-    cache = select.index("cache", cache, len(caches), f"the state has {len(caches)} caches")
+    if kind in select.RECURRENT_KINDS:
+        return _recurrent_ref(recurrent, cache, layer, kind, stream)
+    if recurrent is not None and cache is not None and cache == recurrent.index:
+        raise SelectionError(
+            f"cache {cache} is the recurrent part: its records are kinds 'r' and 's', not {kind!r}"
+        )
+    if not caches:
+        raise SelectionError(f"the state has no attention cache: no {kind.upper()} records")
+    cache = select.index(
+        "cache", 0 if cache is None else cache, len(caches), f"the state has {len(caches)} attention caches"
+    )
     streams = caches[cache].streams
     if stream is not None:
         stream = select.index("stream", stream, len(streams), f"cache {cache} has {len(streams)} streams")
@@ -48,8 +64,33 @@ def record_ref(
     if kind == "k":
         return RecordRef(s, ly, kind, ly.k_type, ly.k_offset, ly.n_embd_k, ly.k_row_bytes)
     if ly.v_type is None or ly.v_offset is None or ly.n_embd_v is None or ly.v_row_bytes is None:
-        raise SelectionError(f"layer {layer} has no V record")
+        raise SelectionError(
+            f"cache {cache} layer {layer} has no V record: the cache is V-less (MLA: its K rows hold the"
+            " compressed latent and the RoPE part, from which attention computes V); read kind 'k'"
+        )
     return RecordRef(s, ly, kind, ly.v_type, ly.v_offset, ly.n_embd_v, ly.v_row_bytes)
+
+
+def _recurrent_ref(
+    recurrent: Recurrent | None, cache: int | None, layer: int, kind: str, stream: int | None
+) -> RecordRef:
+    if recurrent is None:
+        raise SelectionError(f"kind {kind!r} is the recurrent part's, and the state has none")
+    if cache is not None and select.integer("cache", cache) != recurrent.index:
+        raise SelectionError(
+            f"kind {kind!r} is the recurrent part's, cache {recurrent.index} (cache {cache} is an"
+            " attention cache)"
+        )
+    if stream is not None:
+        select.index("stream", stream, 1, "the recurrent part has 1 stream")
+    n = len(recurrent.layers)
+    layer = select.index(
+        "layer", layer, n, f"the recurrent part has {n} layers (of the model's {recurrent.n_layer})"
+    )
+    ly = recurrent.layers[layer]
+    if kind == "r":
+        return RecordRef(recurrent.stream, ly, kind, ly.r_type, ly.r_offset, ly.n_embd_r, ly.r_row_bytes)
+    return RecordRef(recurrent.stream, ly, kind, ly.s_type, ly.s_offset, ly.n_embd_s, ly.s_row_bytes)
 
 
 def _other_caches(caches: list[Cache], cache: int, layer: object) -> str:
@@ -74,7 +115,11 @@ class Where:
 
 def locate(rec: RecordRef, cell: int, head: int, elem: int, head_dim: int | None) -> Where:
     """`head_dim` was checked at open (a positive integer dividing the row); None: the whole row."""
-    hd = rec.n_embd if head_dim is None else head_dim
+    hd = rec.n_embd if head_dim is None or rec.kind in select.RECURRENT_KINDS else head_dim
+    if rec.n_embd == 0:
+        raise SelectionError(
+            f"{rec.kind.upper()} rows of 0 values (a state the model does not keep): no value"
+        )
     if hd <= 0 or rec.n_embd % hd:
         raise SelectionError(f"head_dim {hd} does not divide the {rec.n_embd} values per row")
     n_heads = rec.n_embd // hd

@@ -40,7 +40,7 @@ def select(
 ) -> dict[str, Any]:
     """The selection for Rust, checked (kvfast.SelectionError for anything out of range)."""
     checks.non_negative("skip_first", skip_first)
-    sel = checks.selection(dump.caches, layers=layers, kinds=kinds, caches=caches)
+    sel = checks.selection(dump.caches, layers=layers, kinds=kinds, caches=caches, recurrent=dump.recurrent)
     return {
         "caches": sel.caches,
         "layers": sel.layers,
@@ -96,10 +96,17 @@ def quant_error(
     rotate: bool = True,
 ) -> pl.DataFrame:
     sel = select(dump, layers, kinds, skip_first=skip_first)
-    groups = simulated_rotation(dump, type) if rotate else (0, 0)
+    # llama.cpp rotates attention caches only: the recurrent part (kinds r, s) is never rotated
+    attention = sel["kinds"] is None or any(k in checks.KINDS for k in sel["kinds"])
+    groups = simulated_rotation(dump, type) if rotate and attention else (0, 0)
     df = pl.DataFrame(_kvfast.quant_error(dump._live(), type, sel, skip_first, groups))
     df = df.with_columns(
-        rotation=pl.when(pl.col("kind") == "k").then(groups[0]).otherwise(groups[1]).cast(pl.Int32)
+        rotation=pl.when(pl.col("kind") == "k")
+        .then(groups[0])
+        .when(pl.col("kind") == "v")
+        .then(groups[1])
+        .otherwise(0)
+        .cast(pl.Int32)
     )
     if by == "head":
         return df

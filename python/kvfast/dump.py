@@ -15,11 +15,11 @@ from kvfast import _kvfast, analysis, probe_manifest, select
 from kvfast import tokens as token_text
 from kvfast.address import Where, file_offset, locate, record_ref, tensor_offset
 from kvfast.analysis import By
-from kvfast.errors import ClosedError, ModelMismatchError
+from kvfast.errors import ClosedError, ModelMismatchError, SelectionError
 from kvfast.model import ModelGeometry
 from kvfast.rotation import BuildHint, Mode, Rotation
 from kvfast.rotation import plan as plan_rotation
-from kvfast.structure import _LAYER_KEYS, Cache, _build_caches, _i32
+from kvfast.structure import _LAYER_KEYS, Cache, Recurrent, _build_caches, _build_recurrent, _i32
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -27,6 +27,26 @@ if TYPE_CHECKING:
 
 def _n_layer(cache: dict[str, Any]) -> int:
     return max((len(s["layers"]) for s in cache["streams"]), default=0)
+
+
+def _layer_map_from_bytes(
+    raw: list[dict[str, Any]], rec: dict[str, Any] | None
+) -> tuple[list[list[int]] | None, list[int] | None]:
+    """The model layers of the attention caches and of the recurrent part, where the bytes alone
+    tell: one attention cache and nothing else holds every layer; a recurrent part with records
+    for each of the layers it counts holds every layer (a recurrent model), and then one attention
+    cache of as many layers does too (Falcon-H1). A hybrid's map is the model's to give."""
+    if rec is None:
+        return ([list(range(_n_layer(raw[0])))] if len(raw) == 1 else None), None
+    n = int(rec["n_layer"])
+    if _n_layer(rec) != n:
+        return None, None
+    every = list(range(n))
+    if not raw:
+        return [], every
+    if len(raw) == 1 and _n_layer(raw[0]) == n:
+        return [every], every
+    return None, every
 
 
 class Dump:
@@ -68,28 +88,54 @@ class Dump:
             self.model_path = os.fspath(model)
             model = ModelGeometry.from_gguf(model)
         self.model: ModelGeometry | None = model
-        self._state: _kvfast.State | None = _kvfast.State(self.path, cell_ext=cell_ext, mmap=mmap)
+        hints = {} if model is None else model.walk_hints()
+        self._state: _kvfast.State | None = _kvfast.State(
+            self.path,
+            cell_ext=cell_ext,
+            mmap=mmap,
+            v_less=hints.get("v_less"),
+            recurrent=hints.get("recurrent"),
+        )
         info = self._state.info()
         self._info = info
-        raw = self._state.caches()
+        every = self._state.caches()
+        # the attention caches (the recurrent part, if any, is the last cache)
+        raw = [c for c in every if c["memory"] == "kv"]
+        rec_raw = next((c for c in every if c["memory"] == "recurrent"), None)
         for c in raw:
             for s in c["streams"]:
                 s["layers"] = [
                     {k: ld[k] for k in _LAYER_KEYS if k not in ("index", "model_layer")} for ld in s["layers"]
                 ]
         self._model_layers: list[list[int]] | None = None
+        recurrent_layers: list[int] | None = None
         self.head_dim_k = self.head_dim_v = head_dim
         if model is not None:
             self._model_layers = model.model_layers([_n_layer(c) for c in raw])
             self._check_model(model, raw, head_dim)
-            self.head_dim_k, self.head_dim_v = model.head_dim_k, model.head_dim_v
-        elif len(raw) == 1:
-            self._model_layers = [list(range(_n_layer(raw[0])))]
+            self.head_dim_k = model.head_dim_k or None  # 0: no attention layer
+            self.head_dim_v = model.head_dim_v or None
+            recurrent_layers = model.recurrent_layers()
+        else:
+            self._model_layers, recurrent_layers = _layer_map_from_bytes(raw, rec_raw)
+        if (
+            rec_raw is not None
+            and recurrent_layers is not None
+            and len(recurrent_layers) != _n_layer(rec_raw)
+        ):
+            raise ModelMismatchError(
+                f"the model ({self.model.arch if self.model else '?'}) has {len(recurrent_layers)}"
+                f" recurrent layers, the state's recurrent part {_n_layer(rec_raw)}"
+            )
+        if self._model_layers is not None and rec_raw is not None:
+            # the binding's map is per cache, the recurrent part last ([]: not known)
+            self._model_layers = [*self._model_layers, recurrent_layers or []]
         for ci, c_raw in enumerate(raw):
             for s in c_raw["streams"]:
                 for li, ld in enumerate(s["layers"]):
                     ld["model_layer"] = None if self._model_layers is None else self._model_layers[ci][li]
         self._caches = _build_caches(raw)
+        self._recurrent = None if rec_raw is None else _build_recurrent([*raw, rec_raw], recurrent_layers)
         select.check_rows(self._caches, self.head_dim_k, self.head_dim_v)
         heads = (self.head_dim_k, self.head_dim_v)
         self._rotation = plan_rotation(self._state, self._caches, info, heads, rotation, self._build_hint)
@@ -97,6 +143,14 @@ class Dump:
         for r in self._rotation:
             groups[r.cache][r.kind == "v"] = r.group or 0
         self._state.set_rotation(groups)
+
+    @property
+    def recurrent(self) -> Recurrent | None:
+        """The recurrent part of a recurrent or hybrid model's state (None: the state has none):
+        one cell per sequence, R and S records of the layers that have them. Its values are kinds
+        ``"r"`` and ``"s"`` of :meth:`values`, :meth:`to_polars` and :meth:`stats`."""
+        self._live()
+        return self._recurrent
 
     def _check_model(self, model: ModelGeometry, raw: list[dict[str, Any]], head_dim: int | None) -> None:
         if head_dim is not None and head_dim != model.head_dim_k:
@@ -289,9 +343,9 @@ class Dump:
 
     # -- addresses -------------------------------------------------------------------------------
     def _where(
-        self, layer: int, cell: int, head: int, elem: int, kind: str, cache: int, stream: int | None
+        self, layer: int, cell: int, head: int, elem: int, kind: str, cache: int | None, stream: int | None
     ) -> Where:
-        rec = record_ref(self.caches, cache, layer, kind, stream)
+        rec = record_ref(self.caches, cache, layer, kind, stream, self._recurrent)
         return locate(rec, cell, head, elem, self.head_dim_k if kind == "k" else self.head_dim_v)
 
     def address(
@@ -301,10 +355,11 @@ class Dump:
         head: int = 0,
         elem: int = 0,
         kind: str = "k",
-        cache: int = 0,
+        cache: int | None = None,
         stream: int | None = None,
     ) -> int:
-        """Byte offset in the file of one value (for 4- and 5-bit types: the byte of its low bits)."""
+        """Byte offset in the file of one value (for 4- and 5-bit types: the byte of its low bits);
+        ``cache=None``: the first cache for K and V, the recurrent part for R and S."""
         return file_offset(self._where(layer, cell, head, elem, kind, cache, stream))
 
     def tensor_address(
@@ -317,12 +372,15 @@ class Dump:
         *,
         n_ctx: int,
         n_stream: int = 1,
-        cache: int = 0,
+        cache: int | None = None,
         stream: int | None = None,
     ) -> int:
         """Byte offset of the same value from the start of llama.cpp's live K (or V) tensor of that
         layer, shaped [values per row, n_ctx / n_stream cells, n_stream]; the i-th cell written is
-        taken to be cell i of the live cache (true after decoding into a fresh context)."""
+        taken to be cell i of the live cache (true after decoding into a fresh context). Attention
+        caches only: the recurrent part's tensors are laid out per sequence, not per context cell."""
+        if select.kind(kind) in select.RECURRENT_KINDS:
+            raise SelectionError("tensor_address is for K and V: the recurrent part has no context cells")
         return tensor_offset(self._where(layer, cell, head, elem, kind, cache, stream), n_ctx, n_stream)
 
     # -- tables --------------------------------------------------------------------------------
@@ -352,13 +410,18 @@ class Dump:
         self,
         layer: int,
         kind: str = "k",
-        cache: int = 0,
+        cache: int | None = None,
         stream: int | None = None,
         dtype: str | None = None,
         *,
         stored: bool = False,
     ) -> npt.NDArray[Any]:
         """Rows of one record as a NumPy array [cells, values per row].
+
+        ``kind``: ``"k"`` or ``"v"`` of an attention cache (``cache=None``: the first), ``"r"`` or
+        ``"s"`` of the recurrent part (one row per sequence's cell; ``layer`` counts the part's
+        layers, see :attr:`recurrent`). A V-less (MLA) cache has no V: ``kind="v"`` raises
+        :class:`kvfast.SelectionError` (its K rows hold the latent).
 
         f16 and f32 rows that are not transposed come back as read-only views of the memory map where
         the file offset is aligned for the type (a copy otherwise); bf16 and quantized rows are decoded
@@ -367,8 +430,12 @@ class Dump:
         ``stream=None`` takes the first stream that holds cells.
         """
         state = self._live()
-        rec = record_ref(self._caches, cache, layer, kind, stream)
-        buf, name, n_embd, cells, _ = state.rows(cache, rec.stream.index, layer, rec.kind, dtype, stored)
+        rec = record_ref(self._caches, cache, layer, kind, stream, self._recurrent)
+        if rec.kind in select.RECURRENT_KINDS and self._recurrent is not None:
+            ci = self._recurrent.index
+        else:
+            ci = 0 if cache is None else select.integer("cache", cache)
+        buf, name, n_embd, cells, _ = state.rows(ci, rec.stream.index, layer, rec.kind, dtype, stored)
         arr: npt.NDArray[Any] = np.frombuffer(memoryview(buf), dtype=np.dtype(name).newbyteorder("<"))
         return arr.reshape(cells, n_embd)
 
@@ -382,7 +449,13 @@ class Dump:
     ) -> _kvfast.ArrowStream:
         heads_ = (self.head_dim_k, self.head_dim_v)
         sel = select.selection(
-            self.caches, layers=layers, kinds=kinds, heads=heads, caches=caches, head_dims=heads_
+            self.caches,
+            layers=layers,
+            kinds=kinds,
+            heads=heads,
+            caches=caches,
+            head_dims=heads_,
+            recurrent=self._recurrent,
         )
         return self._live().table(
             caches=sel.caches,
@@ -406,6 +479,9 @@ class Dump:
 
         Columns cache, stream, layer, kind, cell, pos, seq_id, head, values (fixed-size list of
         head_dim numbers). A cell shared by several sequences appears once per sequence.
+        ``kinds=None`` reads K and V; the recurrent part's rows are ``kinds=["r"]`` and ``["s"]``
+        (cache: the part's index, one row per sequence's cell, head 0: the row is not split, each
+        kind its own width, so select one at a time). An MLA cache's K rows are one head.
         """
         import pyarrow as pa
 

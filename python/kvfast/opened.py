@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from kvfast import _kvfast
     from kvfast.rotation import Rotation
-    from kvfast.structure import Cache
+    from kvfast.structure import Cache, Recurrent
 
 
 class OpenState(Protocol):
@@ -47,6 +47,8 @@ class OpenState(Protocol):
     def meta_bytes(self) -> int: ...
     @property
     def caches(self) -> list[Cache]: ...
+    @property
+    def recurrent(self) -> Recurrent | None: ...
     @property
     def rotation(self) -> list[Rotation]: ...
     @property

@@ -129,9 +129,14 @@ def plan(
     if mode not in MODES:
         raise ValueError(f"rotation must be 'auto', 'hadamard' or 'none', not {mode!r}")
     out = []
+    # A V-less (MLA) cache alone, not an iSWA pair: llama.cpp's K-only attention input
+    # (llm_graph_input_attn_k, deepseek2 and the like) has no rotation, so K is stored as computed
+    # even where attn_rot_k is set (its iSWA counterpart rotates).
+    k_only = len(caches) == 1 and caches[0].n_layer > 0
+    k_only = k_only and all(ly.v_type is None for s in caches[0].streams for ly in s.layers)
     for cache in caches:
         for ki, kind in enumerate(("k", "v")):
-            d = _decide(state, cache, kind, head_dims[ki], info, mode, hint)
+            d = _decide(state, cache, kind, head_dims[ki], info, mode, hint, k_only)
             if d is not None:
                 out.append(d)
     undecided = [d for d in out if not d.certain]
@@ -161,6 +166,7 @@ def _decide(
     info: dict[str, object],
     mode: str,
     hint: BuildHint | None,
+    k_only: bool = False,
 ) -> Rotation | None:
     layers = [(s.index, layer) for s in cache.streams for layer in s.layers]
     recs = [(si, ly) for si, ly in layers if (ly.k_type if kind == "k" else ly.v_type) is not None]
@@ -176,6 +182,12 @@ def _decide(
         return rot(False, None, "rotation='none': values as stored")
     if ty in ("f32", "f16", "bf16"):
         return rot(False, None, f"{ty} cache: llama.cpp rotates only quantized caches")
+    if k_only and mode == "auto":
+        return rot(
+            False,
+            None,
+            "a V-less (MLA) cache of one attention cache: llama.cpp's K-only attention does not rotate K",
+        )
     n_embd = {int(ly.n_embd_k if kind == "k" else (ly.n_embd_v or 0)) for _, ly in recs}
     if head_dim is not None:
         group = _kvfast.rotation_group(kind, ty, head_dim)

@@ -11,9 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvfast.errors import SelectionError
-from kvfast.structure import Cache, Layer
+from kvfast.structure import Cache, Layer, Recurrent, RecurrentLayer
 
+#: The attention caches' kinds (what tables and statistics read by default).
 KINDS = ("k", "v")
+#: The recurrent part's kinds: R (conv / token-shift state) and S (SSM / WKV / delta-net state).
+RECURRENT_KINDS = ("r", "s")
+ALL_KINDS = KINDS + RECURRENT_KINDS
 
 
 def integer(name: str, value: Any) -> int:
@@ -54,16 +58,27 @@ def head_dim(value: Any) -> int | None:
 
 
 def kind(value: Any) -> str:
-    if not isinstance(value, str) or value.lower() not in KINDS:
-        raise SelectionError(f"kind must be 'k' or 'v', not {value!r}")
+    if not isinstance(value, str) or value.lower() not in ALL_KINDS:
+        raise SelectionError(
+            f"kind must be 'k' or 'v' (attention caches), 'r' or 's' (the recurrent part), not {value!r}"
+        )
     return value.lower()
 
 
-def record(layer: Layer, k: str) -> tuple[str, int | None]:
-    """(type, values per row) of one kind of a layer (type 'none' and None when it has no V)."""
+def record(layer: Layer | RecurrentLayer, k: str) -> tuple[str, int | None]:
+    """(type, values per row) of one kind of a layer (type 'none' and None when it has none: no V
+    in a V-less cache, no K or V in the recurrent part, no R or S in an attention cache)."""
+    if isinstance(layer, RecurrentLayer):
+        if k == "r":
+            return layer.r_type, layer.n_embd_r
+        if k == "s":
+            return layer.s_type, layer.n_embd_s
+        return "none", None
     if k == "k":
         return layer.k_type, layer.n_embd_k
-    return layer.v_type or "none", layer.n_embd_v
+    if k == "v":
+        return layer.v_type or "none", layer.n_embd_v
+    return "none", None
 
 
 def check_rows(caches: list[Cache], head_dim_k: int | None, head_dim_v: int | None) -> None:
@@ -111,44 +126,59 @@ def selection(
     heads: Sequence[int] | None = None,
     caches: Sequence[int] | None = None,
     head_dims: tuple[int | None, int | None] = (None, None),
+    recurrent: Recurrent | None = None,
 ) -> Selection:
     """Check a table's selection against the state: caches and layers that exist (a layer in at
-    least one selected cache), kinds 'k'/'v', heads that every selected record has; none twice."""
-    cs = None
-    if caches is not None:
-        n = len(caches_of)
-        cs = _unique(
-            "caches", [index("cache", c, n, f"the state has {n} caches") for c in _listed("caches", caches)]
-        )
-    chosen = [c for c in caches_of if cs is None or c.index in cs]
-    ls = None
-    if layers is not None:
-        n = max((c.n_layer for c in chosen), default=0)
-        where = f"the selected caches have {[c.n_layer for c in chosen]} layers"
-        ls = _unique("layers", [index("layer", x, n, where) for x in _listed("layers", layers)])
+    least one selected cache), kinds 'k'/'v' (and 'r'/'s' of the `recurrent` part, numbered after
+    the attention caches; its rows are one head each), heads that every selected record has; none
+    twice."""
     ks = None
     if kinds is not None:
         ks = _unique(
             "kinds", [kind(k) for k in ([kinds] if isinstance(kinds, str) else _listed("kinds", kinds))]
         )
+    wants_recurrent = ks is not None and any(k in RECURRENT_KINDS for k in ks)
+    if wants_recurrent and recurrent is None:
+        raise SelectionError("kinds 'r' and 's' are the recurrent part's, and the state has none")
+    # the parts a selection may name: the attention caches, then the recurrent part
+    parts: list[tuple[int, int, list[Layer] | list[RecurrentLayer]]] = [
+        (c.index, c.n_layer, [ly for s in c.streams for ly in s.layers]) for c in caches_of
+    ]
+    if recurrent is not None:
+        parts.append((recurrent.index, len(recurrent.layers), recurrent.layers))
+    cs = None
+    if caches is not None:
+        n = len(parts)
+        cs = _unique(
+            "caches", [index("cache", c, n, f"the state has {n} caches") for c in _listed("caches", caches)]
+        )
+    chosen = [p for p in parts if cs is None or p[0] in cs]
+    if not wants_recurrent and recurrent is not None:
+        # K and V (the default) are the attention caches' only
+        chosen = [p for p in chosen if p[0] != recurrent.index] or chosen
+    ls = None
+    if layers is not None:
+        n = max((p[1] for p in chosen), default=0)
+        where = f"the selected caches have {[p[1] for p in chosen]} layers"
+        ls = _unique("layers", [index("layer", x, n, where) for x in _listed("layers", layers)])
     hs = None
     if heads is not None:
         hs = _unique("heads", [non_negative("head", h) for h in _listed("heads", heads)])
-        for c in chosen:
-            for s in c.streams:
-                for ly in s.layers:
-                    if ls is not None and ly.index not in ls:
+        for ci, _, lys in chosen:
+            for ly in lys:
+                if ls is not None and ly.index not in ls:
+                    continue
+                for k in ks or KINDS:
+                    n_embd = record(ly, k)[1]
+                    if n_embd is None:
                         continue
-                    for k in ks or KINDS:
-                        n_embd = record(ly, k)[1]
-                        if n_embd is None:
-                            continue
-                        hd = (head_dims[0] if k == "k" else head_dims[1]) or n_embd
-                        n_heads = n_embd // hd
-                        for h in hs:
-                            if h >= n_heads:
-                                raise SelectionError(
-                                    f"head {h} out of range: cache {c.index} layer {ly.index} {k.upper()}"
-                                    f" has {n_heads} heads of {hd} values"
-                                )
+                    # R and S rows have no heads: one spans the row
+                    hd = (head_dims[0] if k == "k" else head_dims[1] if k == "v" else None) or n_embd
+                    n_heads = n_embd // hd if hd else 0
+                    for h in hs:
+                        if h >= n_heads:
+                            raise SelectionError(
+                                f"head {h} out of range: cache {ci} layer {ly.index} {k.upper()}"
+                                f" has {n_heads} heads of {hd} values"
+                            )
     return Selection(cs, ls, ks, hs)

@@ -1,4 +1,5 @@
-"""The structure of a state: caches, streams and layers, as plain data read at open."""
+"""The structure of a state: caches, streams and layers, as plain data read at open; and the
+recurrent part of a recurrent or hybrid model's state (:class:`Recurrent`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from kvfast import _kvfast
 
 @dataclass(frozen=True)
 class Layer:
-    """One layer of a stream: its K record and (unless the model has none) its V record."""
+    """One layer of a stream: its K record and (unless the cache is V-less, as an MLA model's is)
+    its V record."""
 
     index: int
     model_layer: int | None
@@ -72,36 +74,110 @@ class Cache:
         return f"Cache(index={self.index}, offset={self.offset}, n_layer={self.n_layer}, streams=[{shown}{more}])"
 
 
+@dataclass(frozen=True)
+class RecurrentLayer:
+    """One layer's records in the recurrent part: R (the conv / token-shift state) and S (the SSM /
+    WKV / delta-net state), each one row per cell of ``n_embd_r`` / ``n_embd_s`` values (0 for a
+    state the model does not keep, as LFM2's S). ``index`` counts the part's layers;
+    ``model_layer`` is the model's (None where only the model tells)."""
+
+    index: int
+    model_layer: int | None
+    r_type: str
+    s_type: str
+    n_embd_r: int
+    n_embd_s: int
+    r_offset: int
+    s_offset: int
+    r_nbytes: int
+    s_nbytes: int
+    r_row_bytes: int
+    s_row_bytes: int
+
+
+@dataclass(frozen=True)
+class Recurrent:
+    """The recurrent part of a state (``llama_memory_recurrent``): the whole memory of a recurrent
+    model (Mamba, RWKV), the end of a hybrid one's (Qwen3.5, LFM2, Granite 4, ...), after its
+    attention caches. One cell per sequence (not per token), at the sequence's last position; R and
+    S records of the layers that have them. ``index`` is its place among the caches: tables,
+    :meth:`kvfast.Dump.layout` and ``values(cache=)`` number it after the attention caches.
+    ``n_layer`` is the model's layer count the part records (attention layers included)."""
+
+    index: int
+    offset: int
+    n_layer: int
+    stream: Stream
+    layers: list[RecurrentLayer] = field(repr=False)
+
+    @property
+    def cell_count(self) -> int:
+        return self.stream.cell_count
+
+    def __repr__(self) -> str:
+        ly = self.layers[0] if self.layers else None
+        rows = "" if ly is None else f", r={ly.r_type} x {ly.n_embd_r}, s={ly.s_type} x {ly.n_embd_s}"
+        return (
+            f"Recurrent(index={self.index}, cells={self.cell_count}, layers={len(self.layers)}"
+            f" of {self.n_layer}{rows})"
+        )
+
+
 def _i32(buf: _kvfast.Buf) -> npt.NDArray[np.int32]:
     return np.frombuffer(memoryview(buf), dtype="<i4").astype(np.int32)
 
 
+def _stream(s: dict[str, Any], layers: list[Layer]) -> Stream:
+    starts = _i32(s["seq_start"])
+    ids = _i32(s["seq_ids"]).tolist()
+    seq_ids = [ids[starts[i] : starts[i + 1]] for i in range(len(starts) - 1)]
+    ext = None
+    if s["ext"] is not None:
+        ext = _i32(s["ext"]).reshape(-1, s["ext_width"])
+    return Stream(
+        index=s["index"],
+        offset=s["offset"],
+        cell_count=s["cell_count"],
+        pos=_i32(s["pos"]),
+        seq_ids=seq_ids,
+        ext=ext,
+        v_trans=s["v_trans"],
+        layers=layers,
+    )
+
+
 def _build_caches(raw: list[dict[str, Any]]) -> list[Cache]:
+    """The attention caches of the binding's cache dicts (the recurrent part is left out)."""
     caches = []
     for ci, c in enumerate(raw):
-        streams = []
-        for s in c["streams"]:
-            starts = _i32(s["seq_start"])
-            ids = _i32(s["seq_ids"]).tolist()
-            seq_ids = [ids[starts[i] : starts[i + 1]] for i in range(len(starts) - 1)]
-            ext = None
-            if s["ext"] is not None:
-                ext = _i32(s["ext"]).reshape(-1, s["ext_width"])
-            layers = [Layer(index=li, **ld) for li, ld in enumerate(s["layers"])]
-            streams.append(
-                Stream(
-                    index=s["index"],
-                    offset=s["offset"],
-                    cell_count=s["cell_count"],
-                    pos=_i32(s["pos"]),
-                    seq_ids=seq_ids,
-                    ext=ext,
-                    v_trans=s["v_trans"],
-                    layers=layers,
-                )
-            )
+        if c.get("memory", "kv") != "kv":
+            continue
+        streams = [
+            _stream(s, [Layer(index=li, **ld) for li, ld in enumerate(s["layers"])]) for s in c["streams"]
+        ]
         caches.append(Cache(index=ci, offset=c["offset"], streams=streams))
     return caches
 
 
+def _build_recurrent(raw: list[dict[str, Any]], model_layers: list[int] | None) -> Recurrent | None:
+    """The recurrent part of the binding's cache dicts, if the state has one."""
+    for ci, c in enumerate(raw):
+        if c.get("memory") != "recurrent":
+            continue
+        s = c["streams"][0]
+        layers = [
+            RecurrentLayer(
+                index=li,
+                model_layer=None if model_layers is None else model_layers[li],
+                **{k: ld[k] for k in _RECURRENT_KEYS if k not in ("index", "model_layer")},
+            )
+            for li, ld in enumerate(s["layers"])
+        ]
+        return Recurrent(
+            index=ci, offset=c["offset"], n_layer=c["n_layer"], stream=_stream(s, []), layers=layers
+        )
+    return None
+
+
 _LAYER_KEYS = tuple(Layer.__dataclass_fields__)
+_RECURRENT_KEYS = tuple(RecurrentLayer.__dataclass_fields__)

@@ -242,6 +242,22 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The sequence a sequence state holds: its header's seq_id, or (GGSQ, raw bytes without the
+    /// io magic) the one its cells list (the walk checked they all list one); None for a
+    /// whole-context state, or where nothing says (a recurrent part's cells list none).
+    pub fn own_seq(&self) -> Option<i32> {
+        if !matches!(self.container, Container::RawSeq | Container::Ggsq) {
+            return None;
+        }
+        self.seq_id.or_else(|| {
+            self.caches
+                .iter()
+                .flat_map(|c| &c.streams)
+                .find_map(|s| s.seq_ids.first())
+                .copied()
+        })
+    }
+
     /// The attention caches (every cache but the recurrent part).
     pub fn attention(&self) -> impl Iterator<Item = &Cache> {
         self.caches.iter().filter(|c| !c.memory.is_recurrent())

@@ -78,19 +78,35 @@ pub fn check_geometry(a: &Layout, b: &Layout) -> Result<(), Mismatch> {
 }
 
 /// Where each (sequence, position) of one cache of B lives: (stream, cell). A pair held by several
-/// cells (M-RoPE image tokens, self-extend) maps to the last of them.
-pub struct CellIndex(HashMap<(Option<i32>, i32), (usize, usize)>);
+/// cells (M-RoPE image tokens, self-extend) maps to the last of them. A sequence state whose
+/// sequence nothing names (a GGSQ of a recurrent model: its one cell lists none) has its cells
+/// under sequence None, matched by position alone.
+pub struct CellIndex {
+    at: HashMap<(Option<i32>, i32), (usize, usize)>,
+    by_pos: HashMap<i32, (usize, usize)>,
+}
 
 impl CellIndex {
     /// `seq_default`: the sequence of cells that list none (B's own, in a sequence state).
     pub fn new(cache: &Cache, seq_default: Option<i32>) -> Self {
-        let mut at = HashMap::new();
+        let (mut at, mut by_pos) = (HashMap::new(), HashMap::new());
         for (si, s) in cache.streams.iter().enumerate() {
             for (c, q) in cell_seq_pairs(s, seq_default, i32::MIN) {
                 at.insert((q, s.pos[c]), (si, c));
+                by_pos.insert(s.pos[c], (si, c));
             }
         }
-        CellIndex(at)
+        CellIndex { at, by_pos }
+    }
+
+    /// B's cell of (sequence, position): a sequence None on either side (a sequence state's own,
+    /// not named) matches by position.
+    fn get(&self, q: Option<i32>, pos: i32) -> Option<(usize, usize)> {
+        let found = self.at.get(&(q, pos)).or_else(|| match q {
+            None => self.by_pos.get(&pos),
+            Some(_) => self.at.get(&(None, pos)),
+        });
+        found.copied()
     }
 }
 
@@ -118,8 +134,8 @@ pub fn match_cells(
     let mut missing = vec![];
     for (c, q) in cell_seq_pairs(stream, seq_default, i32::MIN) {
         let pos = stream.pos[c];
-        match b.0.get(&(q, pos)) {
-            Some(&(si, cb)) => {
+        match b.get(q, pos) {
+            Some((si, cb)) => {
                 let m = by_stream.entry(si).or_insert_with(|| Matched {
                     stream: si,
                     cells: vec![],
@@ -197,13 +213,14 @@ mod tests {
             e.to_string(),
             "cannot match the states: 1 (sequence, position) pairs of A's cache 0 stream 0 have no cell in B (first: sequence 4, position 9)"
         );
+        // A's own sequence unnamed (a GGSQ whose cells list none): matched by position alone
         let e = match_cells(0, &a.caches[0].streams[0], None, &index).unwrap_err();
         assert!(
-            e.to_string().contains("3 (sequence, position) pairs"),
+            e.to_string().contains("1 (sequence, position) pairs"),
             "{e}"
         );
         assert!(
-            e.to_string().contains("first: sequence none, position 0"),
+            e.to_string().contains("first: sequence none, position 9"),
             "{e}"
         );
     }

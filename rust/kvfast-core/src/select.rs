@@ -144,6 +144,9 @@ pub fn jobs<'a>(layout: &'a Layout, sel: &Selection) -> Result<Vec<Job<'a>>, Pla
                     let Some(rec) = layer.record(kind) else {
                         continue;
                     };
+                    if rec.n_embd == 0 {
+                        continue; // rows of no value (LFM2 keeps no S): nothing to read
+                    }
                     let head_dim = head_dim(rec, given, kind, li)?;
                     if let Some(hs) = &sel.heads {
                         let n = rec.n_embd as usize / head_dim;
@@ -220,7 +223,8 @@ pub fn cells_from(s: &Stream, skip_first: i32) -> Vec<usize> {
 }
 
 /// The model's own index of a cache's layer: from the model's map (per cache, per layer), or the
-/// layer itself in a one-cache state; None when neither says.
+/// layer itself in a one-cache state (a recurrent part alone only when every layer of the model
+/// has records); None when neither says.
 pub fn model_layer(
     layout: &Layout,
     map: Option<&[Vec<i32>]>,
@@ -232,8 +236,17 @@ pub fn model_layer(
             .get(cache as usize)
             .and_then(|c| c.get(layer as usize))
             .copied(),
-        None if layout.caches.len() == 1 => Some(layer as i32),
-        None => None,
+        None => match layout.caches.as_slice() {
+            [c] => match c.memory {
+                crate::layout::Memory::Recurrent { n_layer } => c
+                    .streams
+                    .first()
+                    .filter(|s| s.layers.len() == n_layer as usize)
+                    .map(|_| layer as i32),
+                crate::layout::Memory::Attention => Some(layer as i32),
+            },
+            _ => None,
+        },
     }
 }
 

@@ -80,7 +80,7 @@ pub fn cell_stats(
     py.detach(|| {
         let mut batches = vec![];
         for job in jobs(&sf.layout, &pass.sel)? {
-            let pairs = cell_seq_pairs(job.stream, sf.layout.seq_id, skip_first);
+            let pairs = cell_seq_pairs(job.stream, sf.layout.own_seq(), skip_first);
             let cells: Vec<usize> = pairs.iter().map(|p| p.0).collect();
             let stats = stats_of_cells(&job.view(sf.bytes()), &cells, job.head_dim);
             batches.push(cell_batch(&job, pass.model_layer(&sf, &job), &pairs, stats));
@@ -440,8 +440,8 @@ pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> Result<Arro
             let cb = &sb.layout.caches[job.cache as usize];
             let ib = index_b
                 .entry(job.cache)
-                .or_insert_with(|| CellIndex::new(cb, sb.layout.seq_id));
-            let matched = match_cells(job.cache, job.stream, sa.layout.seq_id, ib)?;
+                .or_insert_with(|| CellIndex::new(cb, sb.layout.own_seq()));
+            let matched = match_cells(job.cache, job.stream, sa.layout.own_seq(), ib)?;
             let va = job.view(sa.bytes());
             let nh = job.n_heads();
             let m = pass.model_layer(&sa, &job);

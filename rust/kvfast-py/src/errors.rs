@@ -29,7 +29,9 @@ pub enum Error {
     NoCells,
     #[error("dtype must be None or 'float32', not {0:?}")]
     Dtype(String),
-    #[error("kind must be 'k' or 'v', not {0:?}")]
+    #[error(
+        "kind must be 'k', 'v' (attention caches), 'r' or 's' (the recurrent part), not {0:?}"
+    )]
     Kind(String),
     #[error("unknown cache type {0:?}: expected {list}", list = type_names())]
     UnknownType(String),
@@ -58,8 +60,13 @@ pub enum Error {
         layers: usize,
         layer: usize,
     },
-    #[error("layer {0} has no V record")]
-    NoV(usize),
+    #[error("cache {cache} layer {layer} has no {kind} record: {why}")]
+    NoRecord {
+        cache: usize,
+        layer: usize,
+        kind: kvfast_core::Kind,
+        why: &'static str,
+    },
     #[error("range outside the state")]
     OutsideState,
     #[error(transparent)]

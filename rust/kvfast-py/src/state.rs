@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
+use kvfast_core::recurrent::RecurrentHint;
 use kvfast_core::select::Selection;
 use kvfast_core::table_plan::{Dtype, Out};
 use kvfast_core::{GgmlType, Kind, Record, StateFile, WalkOptions};
@@ -86,7 +87,32 @@ impl State {
             layer,
         })?;
         let kind = parse_kind(kind)?;
-        Ok((l.record(kind).ok_or(Error::NoV(layer))?, kind))
+        let rec = l.record(kind).ok_or_else(|| Error::NoRecord {
+            cache,
+            layer,
+            kind,
+            why: match (c.memory.is_recurrent(), kind) {
+                (true, _) => "it is the recurrent part, whose records are R and S",
+                (false, Kind::V) => {
+                    "the cache is V-less (MLA: its K rows hold the compressed latent and the RoPE \
+                     part, from which attention computes V)"
+                }
+                (false, _) => "it is an attention cache, whose records are K and V",
+            },
+        })?;
+        Ok((rec, kind))
+    }
+}
+
+fn walk_options(
+    cell_ext: Option<bool>,
+    v_less: Option<bool>,
+    recurrent: Option<(u32, u32)>,
+) -> WalkOptions {
+    WalkOptions {
+        cell_ext,
+        v_less,
+        recurrent: recurrent.map(|(n_layer, layers)| RecurrentHint { n_layer, layers }),
     }
 }
 
@@ -96,13 +122,19 @@ fn type_name(t: Option<GgmlType>) -> Option<&'static str> {
 
 #[pymethods]
 impl State {
+    /// `v_less` and `recurrent` ((the model's n_layer, its layers with R and S records)) say what
+    /// the model says where the bytes cannot tell (see kvfast_core::WalkOptions).
     #[new]
-    #[pyo3(signature = (path, cell_ext=None, mmap=true))]
-    fn new(py: Python<'_>, path: PathBuf, cell_ext: Option<bool>, mmap: bool) -> Result<Self> {
-        let opts = WalkOptions {
-            cell_ext,
-            ..WalkOptions::default()
-        };
+    #[pyo3(signature = (path, cell_ext=None, mmap=true, v_less=None, recurrent=None))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        cell_ext: Option<bool>,
+        mmap: bool,
+        v_less: Option<bool>,
+        recurrent: Option<(u32, u32)>,
+    ) -> Result<Self> {
+        let opts = walk_options(cell_ext, v_less, recurrent);
         let sf = py.detach(|| {
             if mmap {
                 StateFile::open(&path, opts)
@@ -115,17 +147,16 @@ impl State {
 
     /// Walk state bytes held in memory.
     #[staticmethod]
-    #[pyo3(signature = (data, cell_ext=None))]
-    fn from_bytes(py: Python<'_>, data: Vec<u8>, cell_ext: Option<bool>) -> Result<Self> {
-        let sf = py.detach(|| {
-            StateFile::from_bytes(
-                data,
-                WalkOptions {
-                    cell_ext,
-                    ..WalkOptions::default()
-                },
-            )
-        })?;
+    #[pyo3(signature = (data, cell_ext=None, v_less=None, recurrent=None))]
+    fn from_bytes(
+        py: Python<'_>,
+        data: Vec<u8>,
+        cell_ext: Option<bool>,
+        v_less: Option<bool>,
+        recurrent: Option<(u32, u32)>,
+    ) -> Result<Self> {
+        let opts = walk_options(cell_ext, v_less, recurrent);
+        let sf = py.detach(|| StateFile::from_bytes(data, opts))?;
         Ok(State::wrap(sf))
     }
 
@@ -152,8 +183,7 @@ impl State {
                 }
                 for s in &cache.streams {
                     for (li, l) in s.layers.iter().enumerate() {
-                        let rec = if ki == 0 { Some(&l.k) } else { l.v.as_ref() };
-                        if let Some(r) = rec {
+                        if let Some(r) = l.record(Kind::BOTH[ki]) {
                             if r.transposed || r.n_embd % n as u64 != 0 {
                                 return Err(Error::RotationDivide {
                                     group: n,
@@ -262,19 +292,23 @@ impl State {
                 d.set_item("ext_width", s.ext_width)?;
                 d.set_item("v_trans", s.v_trans)?;
                 let layers = PyList::empty(py);
+                // k_* and v_* keys (None: no V), or r_* and s_* in the recurrent part
+                let kinds = if c.memory.is_recurrent() {
+                    Kind::RECURRENT
+                } else {
+                    Kind::BOTH
+                };
                 for l in &s.layers {
                     let ld = PyDict::new(py);
-                    let v = l.v.as_ref();
-                    ld.set_item("k_type", l.k.ty.name())?;
-                    ld.set_item("v_type", type_name(v.map(|v| v.ty)))?;
-                    ld.set_item("n_embd_k", l.k.n_embd)?;
-                    ld.set_item("n_embd_v", v.map(|v| v.n_embd))?;
-                    ld.set_item("k_offset", l.k.data_offset)?;
-                    ld.set_item("v_offset", v.map(|v| v.data_offset))?;
-                    ld.set_item("k_nbytes", l.k.data_len)?;
-                    ld.set_item("v_nbytes", v.map(|v| v.data_len))?;
-                    ld.set_item("k_row_bytes", l.k.row_bytes)?;
-                    ld.set_item("v_row_bytes", v.map(|v| v.row_bytes))?;
+                    for kind in kinds {
+                        let r = l.record(kind);
+                        let k = kind.name();
+                        ld.set_item(format!("{k}_type"), type_name(r.map(|r| r.ty)))?;
+                        ld.set_item(format!("n_embd_{k}"), r.map(|r| r.n_embd))?;
+                        ld.set_item(format!("{k}_offset"), r.map(|r| r.data_offset))?;
+                        ld.set_item(format!("{k}_nbytes"), r.map(|r| r.data_len))?;
+                        ld.set_item(format!("{k}_row_bytes"), r.map(|r| r.row_bytes))?;
+                    }
                     layers.append(ld)?;
                 }
                 d.set_item("layers", layers)?;
@@ -283,6 +317,10 @@ impl State {
             let cd = PyDict::new(py);
             cd.set_item("offset", c.offset)?;
             cd.set_item("has_n_stream", c.has_n_stream)?;
+            cd.set_item("memory", c.memory.name())?;
+            if let kvfast_core::layout::Memory::Recurrent { n_layer } = c.memory {
+                cd.set_item("n_layer", n_layer)?;
+            }
             cd.set_item("streams", streams)?;
             caches.append(cd)?;
         }
@@ -375,7 +413,7 @@ impl State {
             model_layers,
             with_values,
         };
-        let seq_default = sf.layout.seq_id;
+        let seq_default = sf.layout.own_seq();
         let (schema, batches) = py.detach(|| batches(&sf, &req, seq_default))?;
         Ok(ArrowStream { schema, batches })
     }
@@ -396,7 +434,7 @@ mod tests {
         );
         assert_eq!(
             parse_kind("q").err().unwrap().to_string(),
-            "kind must be 'k' or 'v', not \"q\""
+            "kind must be 'k', 'v' (attention caches), 'r' or 's' (the recurrent part), not \"q\""
         );
         assert_eq!(parse_dtype(None).unwrap(), Dtype::Stored);
         assert_eq!(parse_dtype(Some("f32")).unwrap(), Dtype::F32);

@@ -110,7 +110,8 @@ fn batch(
     (item, hd): (&FieldRef, usize),
 ) -> Result<RecordBatch> {
     let s = job.stream;
-    let n_heads = job.rec.n_embd as usize / hd;
+    // rows of 0 values (LFM2's S) have no head, so no row in the table
+    let n_heads = (job.rec.n_embd as usize).checked_div(hd).unwrap_or(0);
     let all_heads: Vec<u32> = (0..n_heads as u32).collect();
     let heads = heads.unwrap_or(&all_heads);
     let pairs = cell_seq_pairs(s, seq_default, 0);
@@ -130,7 +131,7 @@ fn values(
     heads: &[u32],
     hd: usize,
 ) -> Result<ArrayRef> {
-    let n_heads = rows.n_embd / hd;
+    let n_heads = rows.n_embd.checked_div(hd).unwrap_or(0);
     let n = pairs.len() * heads.len();
     let identity = pairs.len() == rows.cells && heads.len() == n_heads;
     let values_buf = if identity {
