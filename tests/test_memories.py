@@ -2,6 +2,7 @@
 (deepseek2), a recurrent memory (mamba2), hybrids (qwen35, lfm2) and a hybrid iSWA (lfm2 with a
 sliding window); each against an independent reading of the same bytes (memory_bytes.py)."""
 
+import json
 from pathlib import Path
 
 import gguf
@@ -12,6 +13,7 @@ from conftest import DATA, MEMORY_FOLDERS, probe
 from memory_bytes import read
 
 import kvfast
+from kvfast.cli import main
 from kvfast.model import ModelGeometry
 
 MEMORY_FILES = sorted(
@@ -284,3 +286,41 @@ def test_mla_q8_0_k_is_stored_as_computed() -> None:
     # the row has no heads to split
     with pytest.raises(kvfast.ModelMismatchError, match="key_length is 192"):
         kvfast.open(q8, model=_model(q8), head_dim=64)
+
+
+def test_kvfast_info_shows_the_recurrent_part_and_the_layer_map(capsys: pytest.CaptureFixture[str]) -> None:
+    hybrid = DATA / "qwen35tiny-f16-fa/seq-0.bin"
+    assert main(["info", str(hybrid)]) == 0
+    out = capsys.readouterr().out
+    assert "recurrent  cache 1 at byte 2,008: 1 cell(s) (one per sequence), pos [6]" in out
+    assert "R and S records of 3 of the model's 4 layers" in out
+    assert "layer map  not in the bytes" in out and "give --model" in out
+    assert main(["info", str(hybrid), "--model", str(_model(hybrid))]) == 0
+    out = capsys.readouterr().out
+    assert "layer map  hybrid; model layer 0: RS (cache 1 layer 0)" in out
+    assert "3: KV (cache 0 layer 0)" in out
+    # a recurrent model's map is in the bytes
+    assert main(["info", "--json", str(DATA / "mamba2tiny-2seq/state.ggsn")]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["memory"] == "recurrent" and d["caches"] == []
+    assert d["recurrent"]["sequences"] == [[0], [1]] and d["recurrent"]["pos"] == [6, 4]
+    assert [e["model_layer"] for e in d["layer_map"]] == [0, 1]
+    # V-less: the model says so; without it, the CLI says what to give
+    mla = DATA / "deepseek2mla-f16-fa/state.ggsn"
+    assert main(["info", str(mla), "--model", str(_model(mla))]) == 0
+    assert "an MLA cache: K records only" in capsys.readouterr().out
+    assert main(["info", str(mla)]) == 1
+    err = capsys.readouterr().err
+    assert "--model" in err and "V-less" in err and err.count("\n") == 1
+
+
+def test_recurrent_rows_compare_across_containers() -> None:
+    for folder in ("mamba2tiny-f32", "qwen35tiny-f16-fa", "lfm2tiny-f16-fa"):
+        a_path, b_path = DATA / folder / "seq-0.bin", DATA / folder / "seq-0.ggsq"
+        with _open(a_path) as a, _open(b_path) as b:
+            for kind in "rs":
+                df = kvfast.compare(a, b, kinds=[kind])
+                assert df.height == (
+                    0 if (folder.startswith("lfm2") and kind == "s") else len(a.recurrent.layers)
+                )
+                assert (df["mse"] == 0).all() and (df["pos"] == 6).all()

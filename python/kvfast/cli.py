@@ -13,7 +13,7 @@ from typing import Any
 import polars as pl
 
 import kvfast
-from kvfast import cli_views, ggml
+from kvfast import cli_views, ggml, memory
 from kvfast.cli_args import BROKEN_PIPE, USAGE, non_negative_int
 from kvfast.dump import Dump
 
@@ -36,6 +36,7 @@ def _describe(dump: Dump) -> dict[str, Any]:
                     "layers": [
                         {
                             "layer": ly.index,
+                            "model_layer": ly.model_layer,
                             "k_type": ly.k_type,
                             "n_embd_k": ly.n_embd_k,
                             "v_type": ly.v_type,
@@ -69,6 +70,7 @@ def _describe(dump: Dump) -> dict[str, Any]:
         "head_dim_k": dump.head_dim_k,
         "head_dim_v": dump.head_dim_v,
         "caches": caches,
+        **memory.describe(dump),
     }
 
 
@@ -113,6 +115,7 @@ def _print_info(d: dict[str, Any]) -> None:
                     f"      {ly['layer']:>5}  {ly['k_type']:<7}{ly['n_embd_k']:>7}  {ly['v_type'] or '-':<7}"
                     f"{ly['n_embd_v'] or 0:>7}  {ly['k_offset']:>12,}  {ly['v_offset'] or 0:>12,}"
                 )
+    memory.print_info(d)
     for r in d["rotation"]:
         if r["undone"] or not ggml.is_float(r["type"]):
             state = f"undone (groups of {r['group']})" if r["undone"] else "values as stored"
@@ -248,7 +251,12 @@ def _table_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layers", type=non_negative_int, nargs="+", help="only these layers (index within the cache)"
     )
-    p.add_argument("--kinds", nargs="+", choices=["k", "v"], help="only K or V")
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=["k", "v", "r", "s"],
+        help="only K or V; R or S: the recurrent part's (one at a time: their rows differ in width)",
+    )
     cli_views.geometry_options(p)
     p.add_argument("-o", "--output", help="write Parquet here instead of printing")
     p.add_argument("--json", action="store_true", help="print JSON rows")

@@ -495,7 +495,7 @@ fn choose(
             return Err(Error::Ambiguous {
                 field: format!(
                     "cache {ci} stream {} V records (whether the cache has V is the model's to \
-                     say: give model=, the GGUF)",
+                     say: give the model, the GGUF: model= in Python, --model on the command line)",
                     s.index
                 ),
                 offset: end,

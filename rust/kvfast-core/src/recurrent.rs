@@ -128,7 +128,7 @@ pub fn parse_recurrent(cur: &mut Cursor, hint: Option<RecurrentHint>) -> Result<
         return Err(Error::Ambiguous {
             field: format!(
                 "{AT} records (R and S rows of one width: the model tells how many layers have \
-                 them; give model=)"
+                 them; give it: model= in Python, --model on the command line)"
             ),
             offset: s[0].header_offset,
             readings: vec![

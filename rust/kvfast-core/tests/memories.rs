@@ -79,7 +79,7 @@ fn a_v_less_mla_cache_opens_with_the_model_and_says_so_without_it() {
                     offset,
                     readings,
                 }) => {
-                    assert!(field.contains("give model="), "{field}");
+                    assert!(field.contains("model="), "{field}");
                     assert_eq!(offset, b.len() as u64);
                     assert!(readings[0].contains("V-less"), "{readings:?}");
                     assert!(readings[1].contains("cut"), "{readings:?}");
@@ -267,7 +267,7 @@ fn cuts_of_a_recurrent_state_are_errors() {
     // cut after the R records: R and S of one width, which only the model tells apart
     let r_only = &b[..s.layers[0].v.as_ref().unwrap().header_offset as usize];
     match walk(r_only, WalkOptions::default()) {
-        Err(Error::Ambiguous { field, .. }) => assert!(field.contains("give model="), "{field}"),
+        Err(Error::Ambiguous { field, .. }) => assert!(field.contains("model="), "{field}"),
         other => panic!("expected ambiguity, got {other:?}"),
     }
 }
