@@ -9,6 +9,8 @@ from importlib.resources import files
 
 from kvfast._kvfast import __version__
 from kvfast.analysis import MatchError, compare
+from kvfast.compare_modes import TokenMismatchWarning
+from kvfast.compare_scan import compare_scan
 from kvfast.dataset import dump_id, manifest, scan, scan_stats
 from kvfast.dump import Dump, open
 from kvfast.errors import (
@@ -53,10 +55,12 @@ __all__ = [
     "RotationWarning",
     "SelectionError",
     "Stream",
+    "TokenMismatchWarning",
     "TruncatedError",
     "UnsupportedVersionError",
     "__version__",
     "compare",
+    "compare_scan",
     "dump_id",
     "export",
     "export_schema",

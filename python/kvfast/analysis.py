@@ -15,6 +15,15 @@ import polars as pl
 
 from kvfast import _kvfast, ggml
 from kvfast import select as checks
+from kvfast.compare_modes import (
+    MATCHES,
+    Match,
+    TokenMismatchWarning,
+    common_prefix,
+    differing,
+    position_tokens,
+    tokens_unknown,
+)
 from kvfast.errors import KvfastError
 from kvfast.opened import OpenState
 from kvfast.rotation import RotationWarning
@@ -160,16 +169,43 @@ def compare(
     by: Literal["cell", "layer"] = "cell",
     layers: Sequence[int] | None = None,
     kinds: Sequence[str] | str | None = None,
+    match: Match = "sequence",
 ) -> pl.DataFrame:
     """Errors of B against A: one row per (cache, layer, kind, cell, sequence, head) of A, cells
-    matched by (sequence, position), not by order; ``by='layer'`` summarizes per layer and kind.
-    Raises MatchError when the states cannot be matched (geometry, layers, positions)."""
+    matched by (sequence, position), not by order (``match='sequence'``), by position alone
+    (``'position'``) or by position over the common token prefix (``'tokens'``), see
+    :mod:`kvfast.compare_modes`; ``by='layer'`` summarizes per layer and kind. Raises MatchError
+    when the states cannot be matched (geometry, layers, positions, tokens); warns
+    (TokenMismatchWarning) where both states' tokens are known and differ at compared positions."""
+    if match not in MATCHES:
+        raise ValueError(f"match must be 'sequence', 'position' or 'tokens', not {match!r}")
+    ta, tb = position_tokens(a), position_tokens(b)
+    sel = select(a, layers, kinds)
     try:
-        df = pl.DataFrame(_kvfast.compare(a._live(), b._live(), select(a, layers, kinds)))
+        if match == "sequence":
+            df = pl.DataFrame(_kvfast.compare(a._live(), b._live(), sel))
+        elif match == "position":
+            df = pl.DataFrame(_kvfast.compare_positions(a._live(), b._live(), sel))
+        else:
+            if not ta or not tb:
+                raise MatchError(tokens_unknown(a, b, ta, tb))
+            below = common_prefix(ta, tb)
+            df = pl.DataFrame(_kvfast.compare_positions(a._live(), b._live(), sel, below))
     except ValueError as e:
         if isinstance(e, KvfastError):
             raise
-        raise MatchError(str(e)) from None
+        hint = ""
+        if match == "sequence" and "have no cell in B" in str(e):
+            hint = " (states of different sequences compare with match='position' or match='tokens')"
+        raise MatchError(str(e) + hint) from None
+    bad = differing(ta, tb) if match != "tokens" else []
+    if bad and df.filter(pl.col("pos").is_in(bad)).height:
+        warnings.warn(
+            f"{a.path} and {b.path} hold different tokens at {len(bad)} positions (first: {bad[0]}):"
+            " the errors compare different inputs there. match='tokens' compares the common prefix only.",
+            TokenMismatchWarning,
+            stacklevel=2,
+        )
     if by == "cell":
         return df
     if by != "layer":

@@ -156,7 +156,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 def _cmd_diff(args: argparse.Namespace) -> int:
     with cli_views.open_state(args.a, args) as a, cli_views.open_state(args.b, args) as b:
-        df = kvfast.compare(a, b, by=args.by, layers=args.layers, kinds=args.kinds)
+        df = kvfast.compare(a, b, by=args.by, layers=args.layers, kinds=args.kinds, match=args.match)
     _emit(df, args)
     return 0
 
@@ -303,6 +303,12 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("a", help="the reference state")
     diff.add_argument("b", help="the state compared to it")
     diff.add_argument("--by", choices=["cell", "layer"], default="layer")
+    diff.add_argument(
+        "--match",
+        choices=["sequence", "position", "tokens"],
+        default="sequence",
+        help="match cells by (sequence, position), position alone, or position over the common token prefix",
+    )
     _table_options(diff)
     diff.set_defaults(run=_cmd_diff)
 

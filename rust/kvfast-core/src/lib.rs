@@ -14,6 +14,7 @@ pub mod file;
 pub mod gguf;
 pub mod guarantees;
 pub mod layout;
+pub mod match_position;
 pub mod matching;
 pub mod pages;
 pub mod quantize;

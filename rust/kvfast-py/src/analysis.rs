@@ -34,13 +34,13 @@ pub struct Select {
 
 /// A pass over one state: kvfast-core's selection (in the state's rotation) and the model's layer
 /// map for the model_layer column.
-struct Pass {
-    sel: Selection,
+pub(crate) struct Pass {
+    pub(crate) sel: Selection,
     model_layers: Option<Vec<Vec<i32>>>,
 }
 
 impl Select {
-    fn pass(self, state: &State) -> Result<Pass> {
+    pub(crate) fn pass(self, state: &State) -> Result<Pass> {
         Ok(Pass {
             sel: Selection {
                 caches: self.caches,
@@ -57,7 +57,7 @@ impl Select {
 }
 
 impl Pass {
-    fn model_layer(&self, sf: &StateFile, job: &Job) -> Option<i32> {
+    pub(crate) fn model_layer(&self, sf: &StateFile, job: &Job) -> Option<i32> {
         model_layer(
             &sf.layout,
             self.model_layers.as_deref(),

@@ -3,6 +3,7 @@
 mod analysis;
 mod buf;
 mod columns;
+mod compare_modes;
 mod errors;
 mod model;
 mod rotation;
@@ -29,6 +30,7 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(analysis::quant_error, m)?)?;
     m.add_function(wrap_pyfunction!(analysis::quantize, m)?)?;
     m.add_function(wrap_pyfunction!(analysis::compare, m)?)?;
+    m.add_function(wrap_pyfunction!(compare_modes::compare_positions, m)?)?;
     m.add_function(wrap_pyfunction!(rotation::rotation_group, m)?)?;
     m.add_function(wrap_pyfunction!(types::ggml_types, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
