@@ -19,6 +19,7 @@ pub mod matching;
 pub mod pages;
 pub mod quantize;
 pub mod recurrent;
+pub mod rope;
 pub mod rotation;
 pub mod round_trip;
 pub mod select;

@@ -1,0 +1,214 @@
+//! Undoing llama.cpp's rotary position embedding (RoPE) of K rows: keys before RoPE.
+//!
+//! llama.cpp ropes K per head with ggml's rope (ggml-cpu ops.cpp: `ggml_rope_cache_init`,
+//! `rope_yarn`, `rotate_pairs`): the pair (x0, x1) of dimension pair i (of the first `n_dims` of
+//! each head) turns by theta_i = p * freq_base^(-2i/n_dims), scaled (linear: freq_scale; YaRN: a
+//! ramp between the interpolated and extrapolated angle, and a magnitude `mscale`). NORM pairs
+//! neighbours (2i, 2i + 1); NEOX pairs halves (i, i + n_dims / 2). Undoing it turns each pair back
+//! by the same angle and divides by the magnitude. Per cell: the angle depends on the position.
+
+/// One layer's rope parameters, as llama.cpp passes them to ggml_rope_ext.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rope {
+    /// Values of each head that are roped (rope.dimension_count); the rest pass unchanged.
+    pub n_dims: usize,
+    pub freq_base: f32,
+    /// 1 / the linear (or YaRN) scaling factor; 1: no scaling.
+    pub freq_scale: f32,
+    /// NEOX pairing (halves) rather than NORM (neighbours).
+    pub neox: bool,
+    /// YaRN's extrapolation mix (0: none, plain linear scaling).
+    pub ext_factor: f32,
+    /// Magnitude scale (YaRN's attention factor; 1 otherwise).
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// The context length the model was trained at (YaRN's correction dimensions).
+    pub n_ctx_orig: u32,
+}
+
+impl Rope {
+    /// Plain RoPE of `n_dims` dimensions and base `freq_base`, no scaling.
+    pub fn plain(n_dims: usize, freq_base: f32, neox: bool) -> Self {
+        Rope {
+            n_dims,
+            freq_base,
+            freq_scale: 1.0,
+            neox,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: 0,
+        }
+    }
+
+    /// ggml_rope_yarn_corr_dims.
+    fn corr_dims(&self) -> [f32; 2] {
+        let dim = |n_rot: f32| {
+            self.n_dims as f32
+                * (self.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * self.freq_base.ln())
+        };
+        let start = dim(self.beta_fast).floor();
+        let end = dim(self.beta_slow).ceil();
+        [start.max(0.0), end.min(self.n_dims as f32 - 1.0)]
+    }
+
+    /// (cos, sin) of each dimension pair at position `pos`, scaled by the magnitude, as
+    /// ggml_rope_cache_init computes them.
+    pub fn cache(&self, pos: i32) -> Vec<(f32, f32)> {
+        let theta_scale = self.freq_base.powf(-2.0 / self.n_dims as f32);
+        let corr = self.corr_dims();
+        let mut theta = pos as f32;
+        let mut out = Vec::with_capacity(self.n_dims / 2);
+        for i0 in (0..self.n_dims).step_by(2) {
+            let interp = self.freq_scale * theta;
+            let (mut t, mut mscale) = (interp, self.attn_factor);
+            if self.ext_factor != 0.0 {
+                let y = ((i0 / 2) as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+                let ramp = (1.0 - y.clamp(0.0, 1.0)) * self.ext_factor;
+                t = interp * (1.0 - ramp) + theta * ramp;
+                mscale *= 1.0 + 0.1 * (1.0 / self.freq_scale).ln();
+            }
+            out.push((t.cos() * mscale, t.sin() * mscale));
+            theta *= theta_scale;
+        }
+        out
+    }
+
+    /// Undo the rope of one row of heads of `head_dim` values each, at position `pos`.
+    pub fn undo(&self, row: &mut [f32], head_dim: usize, pos: i32) {
+        let n = self.n_dims.min(head_dim) & !1;
+        if n == 0 || head_dim == 0 {
+            return;
+        }
+        let cache = self.cache(pos);
+        for head in row.chunks_exact_mut(head_dim) {
+            for (i, &(c, s)) in cache.iter().enumerate().take(n / 2) {
+                let (a, b) = if self.neox {
+                    (i, i + n / 2)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
+                let (y0, y1) = (head[a], head[b]);
+                // (y0, y1) = M (x0, x1), M = [[c, -s], [s, c]] = m R: x = R^T y / m^2
+                let m2 = c * c + s * s;
+                head[a] = (y0 * c + y1 * s) / m2;
+                head[b] = (y1 * c - y0 * s) / m2;
+            }
+        }
+    }
+
+    /// Apply the rope (what llama.cpp does; for tests and round trips).
+    pub fn apply(&self, row: &mut [f32], head_dim: usize, pos: i32) {
+        let n = self.n_dims.min(head_dim) & !1;
+        if n == 0 || head_dim == 0 {
+            return;
+        }
+        let cache = self.cache(pos);
+        for head in row.chunks_exact_mut(head_dim) {
+            for (i, &(c, s)) in cache.iter().enumerate().take(n / 2) {
+                let (a, b) = if self.neox {
+                    (i, i + n / 2)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * c - x1 * s;
+                head[b] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+/// Per-cell undoing of the rope of one record's rows: the layer's parameters, the head size and
+/// the position of every cell of the stream.
+#[derive(Debug, Clone, Copy)]
+pub struct CellRope<'a> {
+    pub rope: &'a Rope,
+    pub head_dim: usize,
+    pub pos: &'a [i32],
+}
+
+impl CellRope<'_> {
+    /// Undo the rope of cells `c0..` decoded in `out` (cell-major rows of `n_embd` values); a cell
+    /// past the positions is left as it is.
+    pub fn undo(&self, c0: usize, n_embd: usize, out: &mut [f32]) {
+        if n_embd == 0 {
+            return;
+        }
+        for (i, row) in out.chunks_exact_mut(n_embd).enumerate() {
+            if let Some(&p) = self.pos.get(c0 + i) {
+                self.rope.undo(row, self.head_dim, p);
+            }
+        }
+    }
+}
+
+/// The rope of every layer of every cache (None: a layer llama.cpp does not rope, or no model).
+pub type RopeSpec = Vec<Vec<Option<Rope>>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row() -> Vec<f32> {
+        (0..16)
+            .map(|i| (i as f32 * 0.37).sin() + 0.1 * i as f32)
+            .collect()
+    }
+
+    #[test]
+    fn undo_inverts_apply_norm_neox_linear_and_yarn() {
+        let mut ropes = vec![Rope::plain(8, 10000.0, false), Rope::plain(6, 1e6, true)];
+        ropes.push(Rope {
+            freq_scale: 0.25,
+            ..Rope::plain(8, 10000.0, true)
+        });
+        ropes.push(Rope {
+            freq_scale: 0.25,
+            ext_factor: 1.0,
+            attn_factor: 1.0,
+            n_ctx_orig: 4096,
+            ..Rope::plain(8, 10000.0, false)
+        });
+        for r in ropes {
+            for pos in [0, 1, 7, 1000] {
+                let mut x = row();
+                r.apply(&mut x, 8, pos);
+                if pos > 0 {
+                    assert_ne!(x, row(), "{r:?}");
+                }
+                r.undo(&mut x, 8, pos);
+                for (a, b) in x.iter().zip(row()) {
+                    assert!((a - b).abs() < 1e-4, "{r:?} {pos}: {a} {b}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn position_zero_and_unroped_dimensions_pass_unchanged() {
+        let r = Rope::plain(4, 10000.0, true);
+        let mut x = row();
+        r.undo(&mut x, 8, 0);
+        assert_eq!(x, row());
+        r.undo(&mut x, 8, 5);
+        // dims 4..8 of each 8-value head are not roped
+        assert_eq!(x[4..8], row()[4..8]);
+        assert_eq!(x[12..16], row()[12..16]);
+        assert_ne!(x[0..4], row()[0..4]);
+    }
+
+    #[test]
+    fn norm_turns_neighbours_by_pos_times_frequency() {
+        // dimension pair 0 turns by pos (frequency 1): rope of (1, 0) at pos 1 is (cos 1, sin 1)
+        let r = Rope::plain(4, 10000.0, false);
+        let mut x = vec![1.0, 0.0, 1.0, 0.0];
+        r.apply(&mut x, 4, 1);
+        assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
+        // pair 1: frequency 10000^(-2/4) = 0.01
+        assert!((x[2] - 0.01f32.cos()).abs() < 1e-6 && (x[3] - 0.01f32.sin()).abs() < 1e-6);
+    }
+}
