@@ -71,6 +71,16 @@ class State:
         v_less: bool | None = None,
         recurrent: tuple[int, int] | None = None,
     ) -> State: ...
+    def set_geometry(
+        self,
+        head_dim_k: int | None = None,
+        head_dim_v: int | None = None,
+        model_layers: list[list[int]] | None = None,
+    ) -> None: ...
+    @property
+    def head_dims(self) -> tuple[int | None, int | None]: ...
+    @property
+    def model_layers(self) -> list[list[int]] | None: ...
     def set_rotation(self, groups: list[list[int]]) -> None: ...
     @property
     def rotation(self) -> list[list[int]]: ...
@@ -93,9 +103,6 @@ class State:
         kinds: list[str] | None = None,
         heads: list[int] | None = None,
         dtype: str | None = None,
-        head_dim_k: int | None = None,
-        head_dim_v: int | None = None,
-        model_layers: list[list[int]] | None = None,
         with_values: bool = True,
     ) -> ArrowStream: ...
 

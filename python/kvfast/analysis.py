@@ -54,9 +54,6 @@ def select(
         "caches": sel.caches,
         "layers": sel.layers,
         "kinds": sel.kinds,
-        "head_dim_k": dump.head_dim_k,
-        "head_dim_v": dump.head_dim_v,
-        "model_layers": dump._model_layers,
     }
 
 

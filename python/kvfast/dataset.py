@@ -126,9 +126,6 @@ def _frame(d: Dump, cache: int, layer: int, kind: str, dtype: str | None, values
         layers=[layer],
         kinds=[kind],
         dtype=dtype,
-        head_dim_k=d.head_dim_k,
-        head_dim_v=d.head_dim_v,
-        model_layers=d._model_layers,
         with_values=values,
     )
     if values:

@@ -138,6 +138,7 @@ class Dump:
         self._recurrent = None if rec_raw is None else _build_recurrent([*raw, rec_raw], recurrent_layers)
         select.check_rows(self._caches, self.head_dim_k, self.head_dim_v)
         heads = (self.head_dim_k, self.head_dim_v)
+        self._state.set_geometry(self.head_dim_k, self.head_dim_v, self._model_layers)
         self._rotation = plan_rotation(self._state, self._caches, info, heads, rotation, self._build_hint)
         groups = [[0, 0] for _ in self._caches]
         for r in self._rotation:
@@ -463,9 +464,6 @@ class Dump:
             kinds=sel.kinds,
             heads=sel.heads,
             dtype=dtype,
-            head_dim_k=self.head_dim_k,
-            head_dim_v=self.head_dim_v,
-            model_layers=self._model_layers,
         )
 
     def to_arrow(

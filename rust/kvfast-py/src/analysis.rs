@@ -27,13 +27,10 @@ pub struct Select {
     caches: Option<Vec<u32>>,
     layers: Option<Vec<u32>>,
     kinds: Option<Vec<String>>,
-    head_dim_k: Option<u64>,
-    head_dim_v: Option<u64>,
-    model_layers: Option<Vec<Vec<i32>>>,
 }
 
-/// A pass over one state: kvfast-core's selection (in the state's rotation) and the model's layer
-/// map for the model_layer column.
+/// A pass over one state: kvfast-core's selection (in the state's rotation and geometry) and the
+/// model's layer map for the model_layer column.
 pub(crate) struct Pass {
     pub(crate) sel: Selection,
     model_layers: Option<Vec<Vec<i32>>>,
@@ -41,17 +38,18 @@ pub(crate) struct Pass {
 
 impl Select {
     pub(crate) fn pass(self, state: &State) -> Result<Pass> {
+        let g = state.geometry();
         Ok(Pass {
             sel: Selection {
                 caches: self.caches,
                 layers: self.layers,
                 kinds: parse_kinds(self.kinds)?,
                 heads: None,
-                head_dim_k: self.head_dim_k,
-                head_dim_v: self.head_dim_v,
+                head_dim_k: g.head_dim_k,
+                head_dim_v: g.head_dim_v,
                 rotation: state.rotation_groups(),
             },
-            model_layers: self.model_layers,
+            model_layers: g.model_layers,
         })
     }
 }

@@ -39,6 +39,8 @@ pub enum Error {
     NotWholeBlocks { n: usize, ty: GgmlType },
     #[error("{given} rotation entries for {caches} caches")]
     RotationEntries { given: usize, caches: usize },
+    #[error("a model-layer map of {given} entries for {caches} caches")]
+    GeometryEntries { given: usize, caches: usize },
     #[error("rotation group {group} of cache {cache}: expected 0 or a power of two >= 64")]
     RotationGroup { group: usize, cache: usize },
     #[error("rotation group {group} does not divide the {n} values of cache {cache} layer {layer} {kind} rows")]

@@ -21,6 +21,17 @@ pub struct State {
     inner: RwLock<Option<Arc<StateFile>>>,
     /// Per cache, the [K, V] groups llama.cpp's rotation is undone in (0: as stored).
     rotation: RwLock<Vec<[usize; 2]>>,
+    /// The model's geometry, set once at open (`set_geometry`) and used by every pass.
+    geometry: RwLock<Geometry>,
+}
+
+/// What the model tells and the bytes do not: head sizes and the model-layer map.
+#[derive(Clone, Default)]
+pub(crate) struct Geometry {
+    pub(crate) head_dim_k: Option<u64>,
+    pub(crate) head_dim_v: Option<u64>,
+    /// Per cache (the recurrent part last), the model layer of each cache layer ([]: not known).
+    pub(crate) model_layers: Option<Vec<Vec<i32>>>,
 }
 
 fn parse_dtype(dtype: Option<&str>) -> Result<Dtype> {
@@ -61,10 +72,16 @@ impl State {
         self.rotation.read().expect("lock").clone()
     }
 
+    /// The head sizes and model-layer map set by `set_geometry`.
+    pub(crate) fn geometry(&self) -> Geometry {
+        self.geometry.read().expect("lock").clone()
+    }
+
     fn wrap(sf: StateFile) -> Self {
         State {
             inner: RwLock::new(Some(Arc::new(sf))),
             rotation: RwLock::new(Vec::new()),
+            geometry: RwLock::new(Geometry::default()),
         }
     }
 
@@ -200,6 +217,45 @@ impl State {
         }
         *self.rotation.write().expect("lock") = groups;
         Ok(())
+    }
+
+    /// The model's head sizes (None: rows are one head) and, per cache, the model layer of each
+    /// cache layer (the recurrent part last; []: not known), for every later pass.
+    #[pyo3(signature = (head_dim_k=None, head_dim_v=None, model_layers=None))]
+    fn set_geometry(
+        &self,
+        head_dim_k: Option<u64>,
+        head_dim_v: Option<u64>,
+        model_layers: Option<Vec<Vec<i32>>>,
+    ) -> Result<()> {
+        let sf = self.get()?;
+        if let Some(m) = &model_layers {
+            if m.len() > sf.layout.caches.len() {
+                return Err(Error::GeometryEntries {
+                    given: m.len(),
+                    caches: sf.layout.caches.len(),
+                });
+            }
+        }
+        *self.geometry.write().expect("lock") = Geometry {
+            head_dim_k,
+            head_dim_v,
+            model_layers,
+        };
+        Ok(())
+    }
+
+    /// The head sizes set by `set_geometry` (K, V).
+    #[getter]
+    fn head_dims(&self) -> (Option<u64>, Option<u64>) {
+        let g = self.geometry();
+        (g.head_dim_k, g.head_dim_v)
+    }
+
+    /// The model-layer map set by `set_geometry`.
+    #[getter]
+    fn model_layers(&self) -> Option<Vec<Vec<i32>>> {
+        self.geometry().model_layers
     }
 
     /// The rotation groups set by `set_rotation`.
@@ -383,7 +439,7 @@ impl State {
     }
 
     /// The long value table as Arrow batches.
-    #[pyo3(signature = (caches=None, layers=None, kinds=None, heads=None, dtype=None, head_dim_k=None, head_dim_v=None, model_layers=None, with_values=true))]
+    #[pyo3(signature = (caches=None, layers=None, kinds=None, heads=None, dtype=None, with_values=true))]
     #[allow(clippy::too_many_arguments)]
     fn table(
         &self,
@@ -393,24 +449,22 @@ impl State {
         kinds: Option<Vec<String>>,
         heads: Option<Vec<u32>>,
         dtype: Option<&str>,
-        head_dim_k: Option<u64>,
-        head_dim_v: Option<u64>,
-        model_layers: Option<Vec<Vec<i32>>>,
         with_values: bool,
     ) -> Result<ArrowStream> {
         let sf = self.get()?;
+        let g = self.geometry();
         let req = TableRequest {
             sel: Selection {
                 caches,
                 layers,
                 kinds: parse_kinds(kinds)?,
                 heads,
-                head_dim_k,
-                head_dim_v,
+                head_dim_k: g.head_dim_k,
+                head_dim_v: g.head_dim_v,
                 rotation: self.rotation_groups(),
             },
             dtype: parse_dtype(dtype)?,
-            model_layers,
+            model_layers: g.model_layers,
             with_values,
         };
         let seq_default = sf.layout.own_seq();

@@ -1,0 +1,36 @@
+"""The model's geometry (head sizes, model-layer map) is set once on the binding's state at open and
+used by every later pass, as the rotation is; calls no longer carry it."""
+
+from pathlib import Path
+
+import pytest
+
+import kvfast
+from kvfast import _kvfast, synth
+
+
+def test_head_sizes_are_set_once_at_open(tmp_path: Path) -> None:
+    p = tmp_path / "s.bin"
+    synth.write_state(p, cells=5, n_layer=2, n_embd_k=64)
+    with kvfast.open(p, head_dim=32) as d:
+        state = d._live()
+        assert state.head_dims == (32, 32)
+        assert state.model_layers == d._model_layers
+        # the table takes no geometry: it splits rows by the heads set at open
+        df = d.to_polars(layers=[0], kinds=["k"])
+        assert sorted(df["head"].unique().to_list()) == [0, 1]
+        assert df.height == 5 * 2
+    with kvfast.open(p) as d:
+        assert d._live().head_dims == (None, None)
+        assert d.to_polars(layers=[0], kinds=["k"])["head"].unique().to_list() == [0]
+
+
+def test_a_map_of_more_caches_than_the_state_has_is_refused(tmp_path: Path) -> None:
+    p = tmp_path / "s.bin"
+    synth.write_state(p, cells=3, n_layer=2, n_embd_k=64)
+    state = _kvfast.State(p)
+    with pytest.raises(ValueError, match="model-layer map of 2 entries for 1 caches"):
+        state.set_geometry(64, 64, [[0, 1], [2]])
+    state.set_geometry(64, 64, [[0, 1]])
+    assert state.model_layers == [[0, 1]]
+    assert state.head_dims == (64, 64)
