@@ -324,3 +324,48 @@ def test_recurrent_rows_compare_across_containers() -> None:
                     0 if (folder.startswith("lfm2") and kind == "s") else len(a.recurrent.layers)
                 )
                 assert (df["mse"] == 0).all() and (df["pos"] == 6).all()
+
+
+def test_export_writes_the_recurrent_part_beside_the_value_table(tmp_path: Path) -> None:
+    paths = [DATA / f"{f}/state.bin" for f in ("qwen35tiny-f16-fa", "mamba2tiny-2seq", "lfm2tiny-f16-fa")]
+    out = tmp_path / "values"
+    for p in paths:
+        report = kvfast.export([p], out, model=_model(p))
+        assert report["status"].to_list() == ["written"]
+    # the value table (K and V) keeps one schema; the recurrent rows have files of their own
+    table = kvfast.scan_export(out).collect()
+    assert set(table["kind"]) == {"k", "v"}
+    for p in paths:
+        with _open(p) as d:
+            rec = d.recurrent
+            assert rec is not None
+            for kind in "rs":
+                files = [f for f in out.glob(f"*/recurrent/kind-{kind}.parquet") if _from(f, d)]
+                widths = [ly.n_embd_r if kind == "r" else ly.n_embd_s for ly in rec.layers]
+                if not any(widths):
+                    assert files == []
+                    continue
+                (f,) = files
+                df = pl.read_parquet(f)
+                assert df["layer"].to_list() == [ly.index for ly in rec.layers for _ in range(rec.cell_count)]
+                for ly in rec.layers:
+                    got = np.stack(df.filter(layer=ly.index)["values"].to_numpy())
+                    np.testing.assert_array_equal(got, d.values(ly.index, kind))
+    # statistics: the recurrent part's rows join the state's files
+    out = tmp_path / "stats"
+    p = paths[0]
+    kvfast.export([p], out, model=_model(p), what="stats", by="layer")
+    df = pl.read_parquet(out / "*" / "*.parquet")
+    assert sorted(set(zip(df["cache"], df["kind"], strict=True))) == [(0, "k"), (0, "v"), (1, "r"), (1, "s")]
+
+
+def _from(f: Path, d: kvfast.Dump) -> bool:
+    """Whether an export's file holds `d`'s rows."""
+    return bool(pl.read_parquet(f, columns=["path"])["path"][0] == str(Path(d.path).resolve()))
+
+
+def test_scans_read_k_and_v_of_every_memory() -> None:
+    for f in ("deepseek2mla-f16-fa", "qwen35tiny-f16-fa", "lfm2swatiny-f16-fa"):
+        p = DATA / f / "seq-0.bin"
+        df = kvfast.scan([p], model=_model(p)).collect()
+        assert set(df["kind"]) == ({"k"} if f.startswith("deepseek2") else {"k", "v"})

@@ -112,6 +112,10 @@ def _records(d: Dump) -> pl.DataFrame:
 
 
 def _record_bytes(d: Dump, cache: int, layer: int, kind: str) -> int:
+    rec = d.recurrent
+    if rec is not None and cache == rec.index:
+        rl = rec.layers[layer]
+        return rl.r_nbytes if kind == "r" else rl.s_nbytes
     total = 0
     for s in d.caches[cache].streams:
         if layer < len(s.layers):
@@ -178,6 +182,8 @@ def _values_schema(dumps: list[Dump]) -> tuple[pl.DataType, str | None]:
                     dims.add(d.head_dim_k or ly.n_embd_k)
                     if ly.n_embd_v is not None:
                         dims.add(d.head_dim_v or ly.n_embd_v)
+    if not dims:
+        dims.add(1)  # no K or V at all (recurrent models): an empty value table
     if len(dims) != 1:
         raise ValueError(f"the states have different head sizes {sorted(dims)}: give head_dim or model")
     inner = pl.Float16() if all_f16 else pl.Float32()

@@ -36,6 +36,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvfast import export_recurrent
 from kvfast.dataset import (
     INDEX_SCHEMA,
     Paths,
@@ -172,8 +173,11 @@ def _write(frames: Iterator[pl.DataFrame], dest: Path) -> tuple[int, str | None]
 
 
 def _partitions(opts: _Options, d: Dump) -> list[tuple[dict[str, Any], pl.DataFrame]]:
-    """The record groups of one state, keyed by partition values (``cache``/``layer``/``kind``)."""
+    """The record groups of one state, keyed by partition values (``cache``/``layer``/``kind``);
+    statistics of the recurrent part too (its values have files of their own: export_recurrent)."""
     recs = _records(d)
+    if opts.what != "values" and d.recurrent is not None:
+        recs = pl.concat([recs, export_recurrent.records(d)])
     keys = list(opts.partition_by)
     if not keys:
         return [({}, recs)]
@@ -250,6 +254,10 @@ def _export_one(opts: _Options, commit: Commit, progress: Progress, path: str, r
                 row["files"] += dest.exists()
                 row["rows"] += n
                 types |= {values} if values else set()
+            if opts.what == "values":
+                n, files = export_recurrent.write_values(d, staged, opts.dtype, advance, _write)
+                row["rows"] += n
+                row["files"] += files
         marker = {
             "source": source,
             "options": opts.signature(),

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvfast.export_commit import MARKER
+from kvfast.export_recurrent import FOLDER as RECURRENT
 
 
 def export_files(out: str | os.PathLike[str]) -> list[str]:
@@ -26,7 +27,11 @@ def export_files(out: str | os.PathLike[str]) -> list[str]:
     files: list[str] = []
     for state in sorted(root.iterdir()):
         if state.is_dir() and not state.name.startswith(("_", ".")) and (state / MARKER).is_file():
-            files += sorted(str(f) for f in state.rglob("*.parquet"))
+            # the recurrent part's values, of other widths, have a folder of their own
+            # (kvfast.export_recurrent): not part of the value table
+            files += sorted(
+                str(f) for f in state.rglob("*.parquet") if f.relative_to(state).parts[0] != RECURRENT
+            )
     return files
 
 

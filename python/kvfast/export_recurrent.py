@@ -1,0 +1,72 @@
+"""The recurrent part of a state in an export: its statistics join the state's files (they have no
+values column), its values go to files of their own, ``recurrent/kind-r.parquet`` and
+``recurrent/kind-s.parquet`` in the state's folder, since their rows are of other widths than K
+and V (and R than S): a glob of the value table (``OUT/**/*.parquet`` without ``recurrent/``, what
+:func:`kvfast.export_files` lists) keeps one schema. Read them with
+``pl.read_parquet("OUT/*/recurrent/kind-s.parquet")``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from kvfast.dataset import INDEX_SCHEMA, _frame, _names
+from kvfast.dump import Dump
+
+#: The folder of a state's recurrent values in an export.
+FOLDER = "recurrent"
+
+
+def records(d: Dump) -> pl.DataFrame:
+    """One row per (cache, layer, kind) of the recurrent part, as ``dataset._records`` gives K and V."""
+    rows: list[dict[str, Any]] = []
+    rec = d.recurrent
+    if rec is not None:
+        names = _names(d)
+        for ly in rec.layers:
+            for kind in ("r", "s"):
+                rows.append(
+                    {
+                        **names,
+                        "cache": rec.index,
+                        "layer": ly.index,
+                        "model_layer": ly.model_layer,
+                        "kind": kind,
+                    }
+                )
+    schema = {k: INDEX_SCHEMA[k] for k in ("dump", "path", "cache", "layer", "model_layer", "kind")}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _frames(d: Dump, kind: str, dtype: str | None, advance: Callable[[int], None]) -> Iterator[pl.DataFrame]:
+    rec = d.recurrent
+    assert rec is not None
+    for ly in rec.layers:
+        nbytes = ly.r_nbytes if kind == "r" else ly.s_nbytes
+        if (ly.n_embd_r if kind == "r" else ly.n_embd_s) == 0:
+            continue  # rows of no value (LFM2 keeps no S)
+        yield _frame(d, rec.index, ly.index, kind, dtype, values=True)
+        advance(nbytes)
+
+
+def write_values(
+    d: Dump,
+    staged: Path,
+    dtype: str | None,
+    advance: Callable[[int], None],
+    write: Callable[[Iterator[pl.DataFrame], Path], tuple[int, str | None]],
+) -> tuple[int, int]:
+    """Write the recurrent part's values, one file per kind; (rows, files) written."""
+    if d.recurrent is None:
+        return 0, 0
+    rows = files = 0
+    for kind in ("r", "s"):
+        dest = staged / FOLDER / f"kind-{kind}.parquet"
+        n, _ = write(_frames(d, kind, None if dtype == "native" else dtype, advance), dest)
+        rows += n
+        files += dest.exists()
+    return rows, files
