@@ -23,11 +23,22 @@ def geometry_options(p: argparse.ArgumentParser) -> None:
         help="undo llama.cpp's Hadamard rotation of quantized caches: auto (where the evidence says it"
         " was applied), hadamard (wherever llama.cpp's rule applies) or none (values as stored)",
     )
+    p.add_argument(
+        "--pre-rope",
+        action="store_true",
+        help="keys before RoPE: undo llama.cpp's RoPE of each K cell from its position (needs --model)",
+    )
 
 
 def open_state(path: str, args: argparse.Namespace) -> kvfast.Dump:
     """Open a state with the geometry the command line gave."""
-    return kvfast.open(path, head_dim=args.head_dim, model=args.model, rotation=args.rotation)
+    return kvfast.open(
+        path,
+        head_dim=args.head_dim,
+        model=args.model,
+        rotation=args.rotation,
+        pre_rope=getattr(args, "pre_rope", False),
+    )
 
 
 def _cmd_show(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from kvfast.address import Where, file_offset, locate, record_ref, tensor_offset
 from kvfast.analysis import By
 from kvfast.errors import ClosedError, ModelMismatchError, SelectionError
 from kvfast.model import ModelGeometry
+from kvfast.pre_rope import apply as keys_before_rope
 from kvfast.rotation import BuildHint, Mode, Rotation
 from kvfast.rotation import plan as plan_rotation
 from kvfast.structure import _LAYER_KEYS, Cache, Recurrent, _build_caches, _build_recurrent, _i32
@@ -65,6 +66,7 @@ class Dump:
         cell_ext: bool | None = None,
         mmap: bool = True,
         rotation: Mode = "auto",
+        pre_rope: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         head_dim = select.head_dim(head_dim)
@@ -144,6 +146,10 @@ class Dump:
         for r in self._rotation:
             groups[r.cache][r.kind == "v"] = r.group or 0
         self._state.set_rotation(groups)
+        #: Whether K values are read before RoPE (``pre_rope=True``; see :mod:`kvfast.pre_rope`).
+        self.pre_rope = pre_rope
+        if pre_rope:
+            keys_before_rope(self, self.model_path, self.model.swa if self.model else ())
 
     @property
     def recurrent(self) -> Recurrent | None:
@@ -557,6 +563,7 @@ def open(
     cell_ext: bool | None = None,
     mmap: bool = True,
     rotation: Mode = "auto",
+    pre_rope: bool = False,
 ) -> Dump:
     """Map a llama.cpp KV-cache state and walk its layout (metadata only; rows stay on disk).
 
@@ -575,5 +582,18 @@ def open(
     Hadamard-rotated since April 2026; by default kvfast gives values in the model's basis wherever
     the evidence says they were rotated (see :attr:`Dump.rotation` and :mod:`kvfast.rotation`);
     ``"none"`` gives the values as stored.
+
+    ``pre_rope=True`` (with ``model``, a GGUF file) gives keys before RoPE: every pass (values,
+    tables, stats, compare, scans, exports, pictures) undoes llama.cpp's RoPE of each K cell from
+    its position and the model's rope parameters, after any rotation (see :mod:`kvfast.pre_rope`);
+    without a model it raises :class:`kvfast.pre_rope.PreRopeError`.
     """
-    return Dump(path, head_dim=head_dim, model=model, cell_ext=cell_ext, mmap=mmap, rotation=rotation)
+    return Dump(
+        path,
+        head_dim=head_dim,
+        model=model,
+        cell_ext=cell_ext,
+        mmap=mmap,
+        rotation=rotation,
+        pre_rope=pre_rope,
+    )

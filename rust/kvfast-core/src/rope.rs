@@ -12,6 +12,8 @@
 pub struct Rope {
     /// Values of each head that are roped (rope.dimension_count); the rest pass unchanged.
     pub n_dims: usize,
+    /// Values per K head (the rope turns each head alike).
+    pub head_dim: usize,
     pub freq_base: f32,
     /// 1 / the linear (or YaRN) scaling factor; 1: no scaling.
     pub freq_scale: f32,
@@ -27,11 +29,15 @@ pub struct Rope {
     pub n_ctx_orig: u32,
 }
 
+/// Parameters read from a model are never NaN: equality is an equivalence on them.
+impl Eq for Rope {}
+
 impl Rope {
     /// Plain RoPE of `n_dims` dimensions and base `freq_base`, no scaling.
     pub fn plain(n_dims: usize, freq_base: f32, neox: bool) -> Self {
         Rope {
             n_dims,
+            head_dim: n_dims,
             freq_base,
             freq_scale: 1.0,
             neox,
@@ -126,8 +132,7 @@ impl Rope {
 /// the position of every cell of the stream.
 #[derive(Debug, Clone, Copy)]
 pub struct CellRope<'a> {
-    pub rope: &'a Rope,
-    pub head_dim: usize,
+    pub rope: Rope,
     pub pos: &'a [i32],
 }
 
@@ -140,14 +145,23 @@ impl CellRope<'_> {
         }
         for (i, row) in out.chunks_exact_mut(n_embd).enumerate() {
             if let Some(&p) = self.pos.get(c0 + i) {
-                self.rope.undo(row, self.head_dim, p);
+                self.rope.undo(row, self.rope.head_dim, p);
             }
         }
     }
 }
 
-/// The rope of every layer of every cache (None: a layer llama.cpp does not rope, or no model).
+/// The rope of every layer of every cache (None, or no entry: a layer llama.cpp does not rope,
+/// or keys as stored).
 pub type RopeSpec = Vec<Vec<Option<Rope>>>;
+
+/// The rope to undo for `kind` rows of `layer` of `cache` (K only: llama.cpp ropes no V).
+pub fn rope_of(spec: &RopeSpec, cache: u32, layer: u32, kind: crate::layout::Kind) -> Option<Rope> {
+    if kind != crate::layout::Kind::K {
+        return None;
+    }
+    *spec.get(cache as usize)?.get(layer as usize)?
+}
 
 #[cfg(test)]
 mod tests {

@@ -7,6 +7,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::layout::{Kind, Layout, Record, Stream};
+use crate::rope::{rope_of, CellRope, Rope, RopeSpec};
 use crate::types::GgmlType;
 use crate::view::RecordView;
 
@@ -60,6 +61,8 @@ pub struct Selection {
     pub head_dim_v: Option<u64>,
     /// Per cache, the [K, V] groups llama.cpp's rotation is undone in (0, or no entry: as stored).
     pub rotation: Vec<[usize; 2]>,
+    /// Per cache and layer, the RoPE to undo in K rows (keys before RoPE; no entry: as stored).
+    pub rope: RopeSpec,
 }
 
 impl Default for Selection {
@@ -73,6 +76,7 @@ impl Default for Selection {
             head_dim_k: None,
             head_dim_v: None,
             rotation: vec![],
+            rope: vec![],
         }
     }
 }
@@ -89,9 +93,25 @@ pub struct Job<'a> {
     pub head_dim: usize,
     /// Undo the rotation in groups of this many values (0: as stored).
     pub rotation: usize,
+    /// The RoPE to undo in each cell, from its position (None: as stored).
+    pub rope: Option<Rope>,
 }
 
 impl<'a> Job<'a> {
+    /// Nonzero when the values are not read as stored (a rotation or a RoPE to undo): what the
+    /// table plan decides f16 views and decoding on.
+    pub fn transform(&self) -> usize {
+        self.rotation.max(usize::from(self.rope.is_some()))
+    }
+
+    /// The per-cell RoPE undoing of this job's rows (None: as stored).
+    pub fn cell_rope(&self) -> Option<CellRope<'a>> {
+        self.rope.map(|rope| CellRope {
+            rope,
+            pos: &self.stream.pos,
+        })
+    }
+
     pub fn n_heads(&self) -> usize {
         (self.rec.n_embd as usize)
             .checked_div(self.head_dim)
@@ -102,6 +122,7 @@ impl<'a> Job<'a> {
     pub fn view(&self, bytes: &'a [u8]) -> RecordView<'a> {
         RecordView::new(bytes, self.rec, self.stream.cell_count as usize)
             .with_rotation(self.rotation)
+            .with_rope(self.cell_rope())
     }
 }
 
@@ -167,6 +188,7 @@ pub fn jobs<'a>(layout: &'a Layout, sel: &Selection) -> Result<Vec<Job<'a>>, Pla
                         rec,
                         head_dim,
                         rotation: sel.rotation.get(ci as usize).map_or(0, |r| r[kind.index()]),
+                        rope: rope_of(&sel.rope, ci, li, kind),
                     });
                 }
             }
@@ -305,6 +327,7 @@ mod tests {
             head_dim_k: Some(2),
             head_dim_v: Some(2),
             rotation: vec![[0, 64]],
+            rope: vec![],
         };
         let js = jobs(&l, &sel).unwrap();
         assert_eq!(

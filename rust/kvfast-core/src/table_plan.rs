@@ -83,8 +83,8 @@ pub struct TablePlan {
 impl TablePlan {
     /// How `job`'s rows are read under this plan.
     pub fn rows(&self, job: &Job) -> (Out, RowSource) {
-        let out = out_type(job.rec.ty, self.dtype, job.rotation);
-        (out, row_source(job.rec, out, job.rotation))
+        let out = out_type(job.rec.ty, self.dtype, job.transform());
+        (out, row_source(job.rec, out, job.transform()))
     }
 }
 
@@ -99,7 +99,7 @@ pub fn plan(jobs: &[Job], dtype: Dtype) -> Result<TablePlan, PlanError> {
     let all_f16 = !jobs.is_empty()
         && jobs
             .iter()
-            .all(|j| out_type(j.rec.ty, dtype, j.rotation) == Out::F16);
+            .all(|j| out_type(j.rec.ty, dtype, j.transform()) == Out::F16);
     Ok(if all_f16 {
         TablePlan {
             out: Out::F16,

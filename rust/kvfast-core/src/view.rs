@@ -3,6 +3,7 @@
 use crate::decode::{decode_row, float_at};
 use crate::layout::Record;
 use crate::pages::populate;
+use crate::rope::CellRope;
 use crate::rotation::hadamard_groups;
 use crate::types::GgmlType;
 
@@ -16,6 +17,8 @@ pub struct RecordView<'a> {
     pub transposed: bool,
     /// Undo llama.cpp's attention rotation in groups of this many values (0: values as stored).
     pub rotation: usize,
+    /// Undo llama.cpp's RoPE of each cell after the rotation (None: as stored).
+    pub rope: Option<CellRope<'a>>,
 }
 
 impl<'a> RecordView<'a> {
@@ -32,7 +35,13 @@ impl<'a> RecordView<'a> {
             row_bytes: rec.row_bytes as usize,
             transposed: rec.transposed,
             rotation: 0,
+            rope: None,
         }
+    }
+
+    /// The same rows with each cell's RoPE undone (keys before RoPE), after any rotation.
+    pub fn with_rope(self, rope: Option<CellRope<'a>>) -> Self {
+        RecordView { rope, ..self }
     }
 
     /// The same rows, read in the model's basis: every group of `n` values multiplied by the
@@ -72,6 +81,9 @@ impl<'a> RecordView<'a> {
             for row in out.chunks_exact_mut(self.n_embd) {
                 hadamard_groups(row, self.rotation);
             }
+        }
+        if let Some(r) = &self.rope {
+            r.undo(c0, self.n_embd, out);
         }
     }
 

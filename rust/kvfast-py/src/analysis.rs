@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use kvfast_core::matching::{check_geometry, match_cells, CellIndex};
 use kvfast_core::quantize::quantize_row;
+use kvfast_core::rope::{rope_of, CellRope};
 use kvfast_core::round_trip::RoundTrip;
 use kvfast_core::select::{cell_seq_pairs, cells_from, grouped, jobs, model_layer, Job, Selection};
 use kvfast_core::stats::{
@@ -48,6 +49,7 @@ impl Select {
                 head_dim_k: g.head_dim_k,
                 head_dim_v: g.head_dim_v,
                 rotation: state.rotation_groups(),
+                rope: state.rope_spec(),
             },
             model_layers: g.model_layers,
         })
@@ -108,6 +110,7 @@ fn empty_job(sf: &StateFile) -> Result<Job<'_>> {
         rec: &stream.layers[0].k,
         head_dim: 1,
         rotation: 0,
+        rope: None,
     })
 }
 
@@ -427,6 +430,7 @@ pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> Result<Arro
     let (sa, sb) = (a.get()?, b.get()?);
     let pass = sel.pass(a)?;
     let rot_b = b.rotation_groups();
+    let rope_b = b.rope_spec();
     py.detach(|| {
         check_geometry(&sa.layout, &sb.layout)?;
         let mut out = Columns::default();
@@ -452,11 +456,18 @@ pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> Result<Arro
                 else {
                     continue; // never: the geometry and the walk make B's streams agree with A's
                 };
-                let vb = RecordView::new(sb.bytes(), rec_b, s_b.cell_count as usize).with_rotation(
-                    rot_b
-                        .get(job.cache as usize)
-                        .map_or(0, |g| g[job.kind.index()]),
-                );
+                let vb = RecordView::new(sb.bytes(), rec_b, s_b.cell_count as usize)
+                    .with_rotation(
+                        rot_b
+                            .get(job.cache as usize)
+                            .map_or(0, |g| g[job.kind.index()]),
+                    )
+                    .with_rope(
+                        rope_of(&rope_b, job.cache, job.layer, job.kind).map(|rope| CellRope {
+                            rope,
+                            pos: &s_b.pos,
+                        }),
+                    );
                 let stats = compare_rows(&va, &vb, &part.cells, job.head_dim);
                 for (i, st) in stats.iter().enumerate() {
                     let (ca, _) = part.cells[i / nh];

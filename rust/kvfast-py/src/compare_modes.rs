@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use kvfast_core::match_position::{match_positions, PositionIndex};
 use kvfast_core::matching::check_geometry;
+use kvfast_core::rope::{rope_of, CellRope};
 use kvfast_core::select::jobs;
 use kvfast_core::stats::compare as compare_rows;
 use kvfast_core::view::RecordView;
@@ -30,6 +31,7 @@ pub fn compare_positions(
     let (sa, sb) = (a.get()?, b.get()?);
     let pass = sel.pass(a)?;
     let rot_b = b.rotation_groups();
+    let rope_b = b.rope_spec();
     py.detach(|| {
         check_geometry(&sa.layout, &sb.layout)?;
         let mut out = Columns::default();
@@ -55,11 +57,18 @@ pub fn compare_positions(
                 else {
                     continue; // never: the geometry and the walk make B's streams agree with A's
                 };
-                let vb = RecordView::new(sb.bytes(), rec_b, s_b.cell_count as usize).with_rotation(
-                    rot_b
-                        .get(job.cache as usize)
-                        .map_or(0, |g| g[job.kind.index()]),
-                );
+                let vb = RecordView::new(sb.bytes(), rec_b, s_b.cell_count as usize)
+                    .with_rotation(
+                        rot_b
+                            .get(job.cache as usize)
+                            .map_or(0, |g| g[job.kind.index()]),
+                    )
+                    .with_rope(
+                        rope_of(&rope_b, job.cache, job.layer, job.kind).map(|rope| CellRope {
+                            rope,
+                            pos: &s_b.pos,
+                        }),
+                    );
                 let stats = compare_rows(&va, &vb, &part.cells, job.head_dim);
                 for (i, st) in stats.iter().enumerate() {
                     let (ca, _) = part.cells[i / nh];

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use arrow_buffer::Buffer;
 use kvfast_core::alloc::{fresh_bytes, fresh_f32};
 use kvfast_core::decode::{decode_rows, decode_transposed, transpose_bytes};
+use kvfast_core::rope::CellRope;
 use kvfast_core::table_plan::{out_type, row_source, Dtype, Out, RowSource};
 use kvfast_core::{Record, StateFile};
 
@@ -30,11 +31,14 @@ pub fn record_rows(
     cells: usize,
     dtype: Dtype,
     rotation: usize,
+    rope: Option<CellRope>,
 ) -> Rows {
-    let out = out_type(rec.ty, dtype, rotation);
+    // a RoPE to undo, as a rotation, makes the values f32 and decoded
+    let transform = rotation.max(usize::from(rope.is_some()));
+    let out = out_type(rec.ty, dtype, transform);
     let src = &sf.bytes()[rec.data_offset as usize..(rec.data_offset + rec.data_len) as usize];
     let n_embd = rec.n_embd as usize;
-    let (buf, zero_copy) = match row_source(rec, out, rotation) {
+    let (buf, zero_copy) = match row_source(rec, out, transform) {
         RowSource::View if src.is_empty() || (src.as_ptr() as usize) % out.size() != 0 => {
             // Not aligned for the value type (or nothing to view): copy into aligned memory.
             (Buffer::from(src), false)
@@ -57,6 +61,9 @@ pub fn record_rows(
             let mut v = fresh_f32(cells * n_embd);
             let rb = rec.row_bytes as usize;
             decode_rows(rec.ty, src, rb, n_embd, rotation, &mut v);
+            if let Some(r) = rope {
+                r.undo(0, n_embd, &mut v);
+            }
             (Buffer::from_vec(v), false)
         }
         RowSource::DecodeTransposed => {
@@ -84,14 +91,14 @@ mod tests {
     fn aligned_f16_rows_are_a_view_of_the_bytes() {
         let sf = state(2, 1, 8, GgmlType::F16);
         let rec = &sf.layout.caches[0].streams[0].layers[0].k;
-        let r = record_rows(&sf, rec, 2, Dtype::Stored, 0);
+        let r = record_rows(&sf, rec, 2, Dtype::Stored, 0, None);
         assert_eq!((r.out, r.n_embd, r.cells), (Out::F16, 8, 2));
         let at = sf.bytes()[rec.data_offset as usize..].as_ptr();
         assert_eq!(r.zero_copy, (at as usize) % 2 == 0);
         if r.zero_copy {
             assert_eq!(r.buf.as_ptr(), at);
         }
-        let f = record_rows(&sf, rec, 2, Dtype::F32, 0);
+        let f = record_rows(&sf, rec, 2, Dtype::F32, 0, None);
         assert!(!f.zero_copy);
         let vals: &[f32] = f.buf.typed_data();
         assert_eq!(vals[8 + 3], value(1, 0, "k", 3));
@@ -102,7 +109,7 @@ mod tests {
         let sf = state(1, 1, 32, GgmlType::Q8_0);
         let rec = &sf.layout.caches[0].streams[0].layers[0].k;
         assert_eq!(out_type(rec.ty, Dtype::Stored, 0), Out::F32);
-        let r = record_rows(&sf, rec, 1, Dtype::Stored, 0);
+        let r = record_rows(&sf, rec, 1, Dtype::Stored, 0, None);
         assert!(!r.zero_copy);
         let vals: &[f32] = r.buf.typed_data();
         assert_eq!(vals[31], value(0, 0, "k", 31));

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use kvfast_core::recurrent::RecurrentHint;
+use kvfast_core::rope::{rope_of, CellRope, RopeSpec};
 use kvfast_core::select::Selection;
 use kvfast_core::table_plan::{Dtype, Out};
 use kvfast_core::{GgmlType, Kind, Record, StateFile, WalkOptions};
@@ -12,6 +13,7 @@ use pyo3::types::{PyDict, PyList};
 
 use crate::buf::{i32s, Buf};
 use crate::errors::{Error, Result};
+use crate::rope_args::{rope_spec, RopeArgs};
 use crate::rows::record_rows;
 use crate::stream::ArrowStream;
 use crate::table::{batches, TableRequest};
@@ -23,6 +25,8 @@ pub struct State {
     rotation: RwLock<Vec<[usize; 2]>>,
     /// The model's geometry, set once at open (`set_geometry`) and used by every pass.
     geometry: RwLock<Geometry>,
+    /// Per cache and layer, the RoPE every pass undoes in K rows (`set_rope`; empty: as stored).
+    rope: RwLock<RopeSpec>,
 }
 
 /// What the model tells and the bytes do not: head sizes and the model-layer map.
@@ -72,6 +76,11 @@ impl State {
         self.rotation.read().expect("lock").clone()
     }
 
+    /// Per cache and layer, the RoPE every value pass undoes in K rows (keys before RoPE).
+    pub(crate) fn rope_spec(&self) -> RopeSpec {
+        self.rope.read().expect("lock").clone()
+    }
+
     /// The head sizes and model-layer map set by `set_geometry`.
     pub(crate) fn geometry(&self) -> Geometry {
         self.geometry.read().expect("lock").clone()
@@ -82,6 +91,7 @@ impl State {
             inner: RwLock::new(Some(Arc::new(sf))),
             rotation: RwLock::new(Vec::new()),
             geometry: RwLock::new(Geometry::default()),
+            rope: RwLock::new(Vec::new()),
         }
     }
 
@@ -175,6 +185,13 @@ impl State {
         let opts = walk_options(cell_ext, v_less, recurrent);
         let sf = py.detach(|| StateFile::from_bytes(data, opts))?;
         Ok(State::wrap(sf))
+    }
+
+    /// Read keys before RoPE: per cache and layer, the rope to undo in K rows (None: as stored).
+    fn set_rope(&self, spec: Vec<Vec<Option<RopeArgs>>>) -> Result<()> {
+        let spec = rope_spec(&*self.get()?, spec)?;
+        *self.rope.write().expect("lock") = spec;
+        Ok(())
     }
 
     /// Read every value in the model's basis: per cache, the [K, V] groups to undo llama.cpp's
@@ -429,7 +446,11 @@ impl State {
                 .get(cache)
                 .map_or(0, |g| g[kind.index()])
         };
-        let r = py.detach(|| record_rows(&sf, &rec, cells, dtype, rot));
+        let spec = if stored { vec![] } else { self.rope_spec() };
+        let pos = &sf.layout.caches[cache].streams[stream].pos;
+        let rope =
+            rope_of(&spec, cache as u32, layer as u32, kind).map(|rope| CellRope { rope, pos });
+        let r = py.detach(|| record_rows(&sf, &rec, cells, dtype, rot, rope));
         let name = if r.out == Out::F16 {
             "float16"
         } else {
@@ -462,6 +483,7 @@ impl State {
                 head_dim_k: g.head_dim_k,
                 head_dim_v: g.head_dim_v,
                 rotation: self.rotation_groups(),
+                rope: self.rope_spec(),
             },
             dtype: parse_dtype(dtype)?,
             model_layers: g.model_layers,

@@ -79,7 +79,7 @@ pub fn batches(
     for job in &jobs {
         let rows = req.with_values.then(|| {
             let cells = job.stream.cell_count as usize;
-            record_rows(sf, job.rec, cells, p.dtype, job.rotation)
+            record_rows(sf, job.rec, cells, p.dtype, job.rotation, job.cell_rope())
         });
         let model_layer = model_layer(
             &sf.layout,

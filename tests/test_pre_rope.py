@@ -1,0 +1,103 @@
+"""Keys before RoPE (open(model=, pre_rope=True)), checked against llama.cpp's own keys: the fixtures
+were written by llama.cpp, and layer 0's K of a token depends on the token alone before RoPE, so the
+same token at two positions must give the same pre-RoPE keys (up to f16 rounding)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+import kvfast
+from kvfast.pre_rope import PreRopeError, model_rope
+
+DATA = Path(__file__).parent / "data"
+QWEN3 = DATA / "models" / "tiny-qwen3.gguf"
+HD128 = DATA / "models" / "tiny-qwen3-hd128.gguf"
+# token 14 is at position 6 of sequence 1 and position 14 of sequence 2
+SHARED = DATA / "qwen3tiny-3seq-shared" / "state.bin"
+
+
+def _k(table: pl.DataFrame, seq: int, pos: int) -> np.ndarray:
+    rows = table.filter(seq_id=seq, pos=pos)["values"].to_list()
+    return np.array(rows, dtype=np.float32)
+
+
+def test_one_token_at_two_positions_has_one_key_before_rope() -> None:
+    assert kvfast.open(SHARED.with_suffix(".ggsn")).tokens is not None
+    roped = kvfast.open(SHARED, model=QWEN3).to_polars(layers=[0], kinds="k")
+    pre = kvfast.open(SHARED, model=QWEN3, pre_rope=True).to_polars(layers=[0], kinds="k")
+    assert np.abs(_k(roped, 1, 6) - _k(roped, 2, 14)).max() > 1.0  # the rope differs
+    # f16 rounding of values up to ~3 (2^-10 relative), twice
+    assert np.abs(_k(pre, 1, 6) - _k(pre, 2, 14)).max() < 4e-3
+    # position 0 is not turned; V is never roped
+    assert np.array_equal(_k(roped, 0, 0), _k(pre, 0, 0))
+    v = kvfast.open(SHARED, model=QWEN3, pre_rope=True).to_polars(kinds="v")
+    assert v.equals(kvfast.open(SHARED, model=QWEN3).to_polars(kinds="v"))
+
+
+def test_every_pass_reads_keys_before_rope() -> None:
+    roped, pre = kvfast.open(SHARED, model=QWEN3), kvfast.open(SHARED, model=QWEN3, pre_rope=True)
+    assert pre.pre_rope and not roped.pre_rope
+    # values (NumPy): f32, cell 0 (position 0) unchanged, later cells turned
+    va, vb = roped.values(layer=0, kind="k"), pre.values(layer=0, kind="k")
+    assert vb.dtype == np.float32 and np.array_equal(va[0].astype(np.float32), vb[0])
+    assert np.abs(va[5].astype(np.float32) - vb[5]).max() > 0.1
+    # the same numbers in the table
+    t = pre.to_polars(layers=[0], kinds="k", heads=None).filter(stream=0)
+    first = t.filter(pl.col("cell") == 5).sort("head")["values"].to_list()
+    assert np.allclose(np.concatenate(first), vb[5])
+    # statistics: the norm of a cell is kept (RoPE turns pairs), its channels are not
+    sa = roped.stats(layers=[0], kinds="k").sort("cell", "seq_id", "head")
+    sb = pre.stats(layers=[0], kinds="k").sort("cell", "seq_id", "head")
+    assert np.allclose(sa["l2"], sb["l2"], rtol=1e-3)
+    assert not np.allclose(sa["absmax"], sb["absmax"])
+    ch = pre.stats(by="channel", layers=[0], kinds="k")
+    assert not ch.equals(roped.stats(by="channel", layers=[0], kinds="k"))
+    # compare: pre-RoPE against itself is exact, against roped keys not
+    assert (
+        kvfast.compare(pre, kvfast.open(SHARED, model=QWEN3, pre_rope=True), by="layer")["max_abs"].max() == 0
+    )
+    assert kvfast.compare(roped, pre, by="layer", kinds="k")["max_abs"].max() > 0.1
+
+
+def test_rotation_is_undone_before_the_rope() -> None:
+    # llama.cpp rotates the roped K of a quantized cache: undone in the other order, the q8_0 keys
+    # would not match the f16 ones
+    f16 = kvfast.open(DATA / "qwen3hd128-f16-fa" / "state.bin", model=HD128, pre_rope=True)
+    q8 = kvfast.open(DATA / "qwen3hd128-q8_0-fa" / "state.bin", model=HD128, pre_rope=True)
+    assert q8.rotation and any(r.group for r in q8.rotation)
+    df = kvfast.compare(f16, q8, by="layer", kinds="k")
+    assert df["rel_max"].max() < 0.05
+    assert df["cosine_min"].min() > 0.999
+
+
+def test_the_models_rope() -> None:
+    r = model_rope(QWEN3, 32)
+    assert r["global"]["neox"] is True and r["global"]["n_dims"] == 32
+    assert r["global"]["freq_scale"] == 1.0 and r["global"]["ext_factor"] == 0.0
+
+
+def test_without_a_model_or_with_m_rope_it_is_a_clear_error() -> None:
+    with pytest.raises(PreRopeError, match="needs the model's GGUF") as e:
+        kvfast.open(SHARED, head_dim=32, pre_rope=True)
+    assert isinstance(e.value, kvfast.KvfastError) and e.value.field == "model"
+    vl = DATA / "qwen2vltiny-f16-fa" / "state.bin"
+    with pytest.raises(PreRopeError, match="M-RoPE"):
+        kvfast.open(vl, model=DATA / "models" / "tiny-qwen2vl.gguf", pre_rope=True)
+
+
+def test_cli_pre_rope() -> None:
+    run = [sys.executable, "-m", "kvfast", "stats", str(SHARED), "--by", "layer", "--json"]
+    a = subprocess.run([*run, "--model", str(QWEN3)], check=False, capture_output=True, text=True)
+    b = subprocess.run(
+        [*run, "--model", str(QWEN3), "--pre-rope"], check=False, capture_output=True, text=True
+    )
+    assert a.returncode == 0 and b.returncode == 0, b.stderr
+    assert a.stdout != b.stdout
+    c = subprocess.run([*run, "--pre-rope"], check=False, capture_output=True, text=True)
+    assert c.returncode != 0 and "needs the model" in c.stderr
