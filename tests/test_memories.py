@@ -13,6 +13,7 @@ from conftest import DATA, MEMORY_FOLDERS, probe
 from memory_bytes import read
 
 import kvfast
+from kvfast._kvfast import State
 from kvfast.cli import main
 from kvfast.model import ModelGeometry
 
@@ -369,3 +370,26 @@ def test_scans_read_k_and_v_of_every_memory() -> None:
         p = DATA / f / "seq-0.bin"
         df = kvfast.scan([p], model=_model(p)).collect()
         assert set(df["kind"]) == ({"k"} if f.startswith("deepseek2") else {"k", "v"})
+
+
+@pytest.mark.parametrize(
+    "folder", ["deepseek2mla-q8_0-fa", "lfm2tiny-q8_0-fa", "lfm2swatiny-f16-fa", "qwen35tiny-q8_0-fa"]
+)
+def test_every_truncation_is_an_error(folder: str) -> None:
+    # with the model's hints and without: a KvfastError naming a byte offset, never a reading
+    raw = (DATA / folder / "seq-0.bin").read_bytes()
+    hints = ModelGeometry.from_gguf(_model(DATA / folder / "seq-0.bin")).walk_hints()
+    # (without the model, a hybrid's sequence state cut right before its recurrent part is a
+    # plain state: the README says so)
+    plain = next(
+        (c["offset"] for c in State.from_bytes(raw, **hints).caches() if c["memory"] == "recurrent"), -1
+    )
+    step = 1 if len(raw) < 6000 else 3
+    for n in range(0, len(raw), step):
+        for h in (hints, {}):
+            if n == plain and not h:
+                assert {c["memory"] for c in State.from_bytes(raw[:n]).caches()} == {"kv"}
+                continue
+            with pytest.raises(kvfast.KvfastError) as e:
+                State.from_bytes(raw[:n], **h)
+            assert e.value.offset is not None and 0 <= e.value.offset <= n
