@@ -77,6 +77,20 @@ def dump_html(d: OpenState) -> str:
             v = "-" if ly.v_type is None else f"{ly.v_type} x {ly.n_embd_v}"
             span = _span([x.index for x in group])
             rows.append(_row(c.index, f"layers {span}", f"{ly.k_type} x {ly.n_embd_k}", v, model))
+    rec = d.recurrent
+    if rec is not None:  # the recurrent part: R and S in the K and V columns, said so
+        rows.append(_row(rec.index, f"recurrent: {rec.cell_count} cell(s), one per sequence", "R", "S", ""))
+        mls = [ly.model_layer for ly in rec.layers]
+        r0 = rec.layers[0]
+        rows.append(
+            _row(
+                rec.index,
+                f"layers {_span([ly.index for ly in rec.layers])} of the model's {rec.n_layer}",
+                f"{r0.r_type} x {r0.n_embd_r}",
+                f"{r0.s_type} x {r0.n_embd_s}",
+                "" if None in mls else ", ".join(map(str, mls)),
+            )
+        )
     table = f'<table style="{_STYLE}">' + "".join(rows) + "</table>"
     rot = [
         html.escape(

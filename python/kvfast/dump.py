@@ -207,9 +207,10 @@ class Dump:
     def __repr__(self) -> str:
         if getattr(self, "_state", None) is None:
             return f"<kvfast.Dump {self.path!r} (closed)>"
+        rec = "" if self._recurrent is None else f" recurrent={len(self._recurrent.layers)}"
         return (
             f"<kvfast.Dump {self.path!r} {self.container} v{self.version} arch={self.arch} "
-            f"caches={len(self._caches)} size={self.size}>"
+            f"caches={len(self._caches)}{rec} size={self.size}>"
         )
 
     def _repr_html_(self) -> str:
