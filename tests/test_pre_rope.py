@@ -101,3 +101,30 @@ def test_cli_pre_rope() -> None:
     assert a.stdout != b.stdout
     c = subprocess.run([*run, "--pre-rope"], check=False, capture_output=True, text=True)
     assert c.returncode != 0 and "needs the model" in c.stderr
+
+
+def test_scans_exports_and_compare_scan_read_keys_before_rope(tmp_path: Path) -> None:
+    ref = kvfast.open(SHARED, model=QWEN3, pre_rope=True).to_polars(layers=[0], kinds="k")
+    ref = ref.sort("cell", "seq_id", "head")
+    keys = ["cell", "seq_id", "head"]
+
+    def same(df: pl.DataFrame) -> bool:
+        got = df.filter(pl.col("layer") == 0, pl.col("kind") == "k").sort(keys)
+        return got.height == ref.height and np.array_equal(
+            np.array(got["values"].to_list(), dtype=np.float32),
+            np.array(ref["values"].to_list(), dtype=np.float32),
+        )
+
+    scanned = kvfast.scan(SHARED, model=QWEN3, pre_rope=True).collect()
+    assert scanned.schema["values"] == pl.Array(pl.Float32, 32) and same(scanned)
+    assert not same(kvfast.scan(SHARED, model=QWEN3).collect())
+    stats = kvfast.scan_stats(SHARED, model=QWEN3, pre_rope=True, by="layer").collect()
+    assert stats.drop("dump", "path").equals(
+        kvfast.open(SHARED, model=QWEN3, pre_rope=True).stats(by="layer")
+    )
+    kvfast.export([SHARED], tmp_path / "out", model=QWEN3, pre_rope=True)
+    assert same(kvfast.scan_export(tmp_path / "out").collect())
+    with pytest.raises(PreRopeError):
+        kvfast.export([SHARED], tmp_path / "bad", pre_rope=True)
+    pre = kvfast.compare_scan(SHARED, [SHARED], model=QWEN3, pre_rope=True).collect()
+    assert pre["max_abs"].max() == 0.0

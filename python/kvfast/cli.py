@@ -176,6 +176,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         hive=args.hive,
         progress=args.progress,
+        pre_rope=getattr(args, "pre_rope", False),
     )
     counts = report.group_by("status").len().sort("status")
     if args.json:

@@ -54,23 +54,25 @@ def compare_scan(
     model: str | os.PathLike[str] | ModelGeometry | None = None,
     rotation: Mode = "auto",
     on_error: Literal["raise", "skip"] = "raise",
+    pre_rope: bool = False,
 ) -> pl.LazyFrame:
     """Errors of every state of ``paths`` (paths, globs, folders, as :func:`kvfast.scan`) against
     ``reference``: the rows of ``compare(reference, state, by=, match=)`` for each state, with its
     ``dump`` (stable id) and ``path`` (real path) first. ``on_error='skip'`` leaves out states
-    that cannot be matched (a MatchError) with a warning instead of raising when the query runs."""
+    that cannot be matched (a MatchError) with a warning instead of raising when the query runs.
+    ``pre_rope=True`` (``model`` a GGUF file) compares keys before RoPE."""
     if by not in SCHEMAS:
         raise ValueError(f"by must be 'cell' or 'layer', not {by!r}")
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-    geometry = _geometry(model)
-    ref = (
-        reference
-        if isinstance(reference, Dump)
-        else open(reference, head_dim=head_dim, model=geometry, rotation=rotation)
-    )
+    given = model if pre_rope else _geometry(model)  # keys before RoPE need the GGUF itself
+
+    def opened(p: str | os.PathLike[str]) -> Dump:
+        return open(p, head_dim=head_dim, model=given, rotation=rotation, pre_rope=pre_rope)
+
+    ref = reference if isinstance(reference, Dump) else opened(reference)
     files = expand(paths)
-    states = [open(p, head_dim=head_dim, model=geometry, rotation=rotation) for p in files]
+    states = [opened(p) for p in files]
     schema = SCHEMAS[by]
 
     def source(

@@ -157,17 +157,27 @@ def _batches(
 
 
 def _open_all(
-    paths: list[str], head_dim: int | None, model: ModelGeometry | None, rotation: Mode = "auto"
+    paths: list[str],
+    head_dim: int | None,
+    model: ModelGeometry | None,
+    rotation: Mode = "auto",
+    pre_rope_model: str | os.PathLike[str] | ModelGeometry | None = None,
 ) -> list[tuple[str, Dump]]:
+    """Open every state; with ``pre_rope_model`` (the GGUF given as model) keys before RoPE."""
     out = []
     for p in paths:
-        out.append((p, open(p, head_dim=head_dim, model=model, rotation=rotation)))
+        if pre_rope_model is None:
+            d = open(p, head_dim=head_dim, model=model, rotation=rotation)
+        else:
+            d = open(p, head_dim=head_dim, model=pre_rope_model, rotation=rotation, pre_rope=True)
+        out.append((p, d))
     return out
 
 
 def _values_schema(dumps: list[Dump]) -> tuple[pl.DataType, str | None]:
-    """The values column's type over every dump: Float16 when every record is f16, else Float32."""
-    all_f16 = all(
+    """The values column's type over every dump: Float16 when every record is f16 (and read as
+    stored: keys before RoPE are f32), else Float32."""
+    all_f16 = not any(d.pre_rope for d in dumps) and all(
         ly.k_type == "f16" and ly.v_type in ("f16", None)
         for d in dumps
         for c in d.caches
@@ -195,17 +205,18 @@ def scan(
     head_dim: int | None = None,
     model: str | os.PathLike[str] | ModelGeometry | None = None,
     rotation: Mode = "auto",
+    pre_rope: bool = False,
 ) -> pl.LazyFrame:
     """The value table of every state as one lazy frame, with ``dump`` (the state's stable id,
     :func:`dump_id`) and ``path`` (its real path) columns.
 
     Opening reads metadata only; rows are read when the query runs, and only those the projection
     and the predicate need (see the module's doc). Values are in the basis ``rotation`` chooses
-    (see :func:`kvfast.open`).
+    (see :func:`kvfast.open`); ``pre_rope=True`` (``model`` a GGUF file) gives keys before RoPE.
     """
     geometry = _geometry(model)
     files = expand(paths)
-    dumps = [d for _, d in _open_all(files, head_dim, geometry, rotation)]
+    dumps = [d for _, d in _open_all(files, head_dim, geometry, rotation, model if pre_rope else None)]
     values_type, dtype = _values_schema(dumps)
     schema = {**INDEX_SCHEMA, "values": values_type}
 
@@ -313,6 +324,7 @@ def scan_stats(
     head_dim: int | None = None,
     model: str | os.PathLike[str] | ModelGeometry | None = None,
     rotation: Mode = "auto",
+    pre_rope: bool = False,
 ) -> pl.LazyFrame:
     """`Dump.stats(by=...)` of every state as one lazy frame, with ``dump`` and ``path`` columns. A
     predicate on dump / path / cache / layer / model_layer / kind decides which records are read."""
@@ -320,7 +332,7 @@ def scan_stats(
         raise ValueError(f"by must be one of {sorted(STATS_SCHEMAS)}, not {by!r}")
     geometry = _geometry(model)
     files = expand(paths)
-    dumps = [d for _, d in _open_all(files, head_dim, geometry, rotation)]
+    dumps = [d for _, d in _open_all(files, head_dim, geometry, rotation, model if pre_rope else None)]
     schema = {"dump": pl.String(), "path": pl.String(), **STATS_SCHEMAS[by]}
 
     def source(

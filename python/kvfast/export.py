@@ -53,6 +53,7 @@ from kvfast.export_commit import MARKER, Commit
 from kvfast.export_progress import Progress
 from kvfast.export_types import one_type
 from kvfast.model import ModelGeometry
+from kvfast.pre_rope import PreRopeError
 from kvfast.rotation import Mode
 
 
@@ -80,6 +81,8 @@ class _Options:
     dtype: str | None
     rotation: Mode = "auto"
     hive: bool = False
+    #: The GGUF keys before RoPE are read with (None: keys as stored).
+    pre_rope_model: str | None = None
 
     def signature(self) -> dict[str, Any]:
         return {
@@ -91,6 +94,7 @@ class _Options:
             "dtype": self.dtype,
             "rotation": self.rotation,
             "layout": "hive" if self.hive else "files",
+            **({"pre_rope": True} if self.pre_rope_model else {}),
         }
 
     def dest(self, staged: Path, key: str, part: dict[str, Any]) -> Path:
@@ -247,7 +251,14 @@ def _export_one(opts: _Options, commit: Commit, progress: Progress, path: str, r
             return row
         staged = commit.stage(key)
         types: set[str] = set()
-        with open(path, head_dim=opts.head_dim, model=opts.model, rotation=opts.rotation) as d:
+        pre = opts.pre_rope_model
+        with open(
+            path,
+            head_dim=opts.head_dim,
+            model=pre or opts.model,
+            rotation=opts.rotation,
+            pre_rope=pre is not None,
+        ) as d:
             for part, recs in _partitions(opts, d):
                 dest = opts.dest(staged, key, part)
                 n, values = _write(_part_frames(opts, d, part, recs, advance), dest)
@@ -314,6 +325,7 @@ def export(
     rotation: Mode = "auto",
     hive: bool = False,
     progress: bool | None = None,
+    pre_rope: bool = False,
 ) -> pl.DataFrame:
     """Write every state's value table (or statistics, ``what="stats"``, ``by=...``) as Parquet
     under ``out_dir``, one folder per state, one file per partition; returns the report: one row
@@ -334,7 +346,8 @@ def export(
     one has failed, lets those already started finish, and raises :class:`ExportError` carrying the
     report. Either way a failed state leaves nothing behind, not even an earlier export of it.
     Inputs naming one file twice (by real path) are exported once, reported under the first name.
-    Values and statistics are in the basis ``rotation`` chooses (see :func:`kvfast.open`).
+    Values and statistics are in the basis ``rotation`` chooses (see :func:`kvfast.open`);
+    ``pre_rope=True`` (``model`` a GGUF file) writes keys before RoPE, as float32.
     """
     if what not in ("values", "stats"):
         raise ValueError(f"what must be 'values' or 'stats', not {what!r}")
@@ -348,9 +361,29 @@ def export(
     files = _unique(expand(paths))
     geometry = model if model is None or isinstance(model, ModelGeometry) else ModelGeometry.from_gguf(model)
     _check_layout(Path(out_dir))
+    pre_rope_model = None
+    if pre_rope:
+        if model is None or isinstance(model, ModelGeometry):
+            raise PreRopeError(
+                "pre_rope=True needs the model's GGUF (model=PATH; --model on the command line)",
+                field="model",
+            )
+        pre_rope_model = os.fspath(model)
+        dtype = "float32" if what == "values" and dtype is None else dtype
     if what == "values" and dtype is None:
         dtype = one_type(files, Path(out_dir), head_dim, geometry, rotation)
-    opts = _Options(Path(out_dir), what, by, tuple(partition_by), head_dim, geometry, dtype, rotation, hive)
+    opts = _Options(
+        Path(out_dir),
+        what,
+        by,
+        tuple(partition_by),
+        head_dim,
+        geometry,
+        dtype,
+        rotation,
+        hive,
+        pre_rope_model,
+    )
     rows: list[dict[str, Any]] = []
     bar = Progress(sum(_size(real) for real in files.values()), len(files), progress)
     failed: dict[str, Any] | None = None
