@@ -23,15 +23,14 @@ def _describe(dump: Dump) -> dict[str, Any]:
     for c in dump.caches:
         streams = []
         for s in c.streams:
-            seqs = sorted({q for ids in s.seq_ids for q in ids})
             streams.append(
                 {
                     "index": s.index,
                     "cells": s.cell_count,
                     "pos_min": int(s.pos.min()) if s.cell_count else None,
                     "pos_max": int(s.pos.max()) if s.cell_count else None,
-                    "sequences": seqs,
-                    "shared_cells": sum(1 for ids in s.seq_ids if len(ids) > 1),
+                    "sequences": s.sequences,
+                    "shared_cells": s.shared_cells,
                     "v_trans": s.v_trans,
                     "layers": [
                         {

@@ -37,7 +37,7 @@ def _layer_groups(layers: list[Layer]) -> list[list[Layer]]:
 def _stream_text(s: Stream) -> str:
     if not s.cell_count:
         return f"stream {s.index}: empty"
-    seqs = sorted({q for ids in s.seq_ids for q in ids})
+    seqs = s.sequences
     shown = ", ".join(map(str, seqs[:8])) + (" ..." if len(seqs) > 8 else "")
     v = "V transposed" if s.v_trans else "V per cell"
     return f"stream {s.index}: {s.cell_count:,} cells, pos {s.pos.min()}..{s.pos.max()}, seq {shown}; {v}"

@@ -4,6 +4,7 @@ recurrent part of a recurrent or hybrid model's state (:class:`Recurrent`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -33,20 +34,43 @@ class Layer:
 
 @dataclass(frozen=True)
 class Stream:
-    """One stream of a cache: its occupied cells and one K and V record per layer."""
+    """One stream of a cache: its occupied cells and one K and V record per layer.
+
+    The cells' metadata are NumPy arrays (read-only, built at open in time independent of Python
+    objects per cell): ``pos`` (one position per cell) and, in CSR form, the sequences of each cell
+    (cell ``i``'s are ``seq_id_values[seq_id_starts[i]:seq_id_starts[i + 1]]``). ``seq_ids``, the
+    same as one list per cell, is built when first asked for."""
 
     index: int
     offset: int
     cell_count: int
     pos: npt.NDArray[np.int32]
-    seq_ids: list[list[int]]
+    seq_id_starts: npt.NDArray[np.int32] = field(repr=False)
+    seq_id_values: npt.NDArray[np.int32] = field(repr=False)
     ext: npt.NDArray[np.int32] | None
     v_trans: bool
     layers: list[Layer] = field(repr=False)
 
+    @cached_property
+    def seq_ids(self) -> list[list[int]]:
+        """The sequences of each cell, one list per cell (built on first use: O(cells) objects)."""
+        ids = self.seq_id_values.tolist()
+        starts = self.seq_id_starts.tolist()
+        return [ids[starts[i] : starts[i + 1]] for i in range(len(starts) - 1)]
+
+    @property
+    def sequences(self) -> list[int]:
+        """The sequences the stream's cells belong to, ascending."""
+        return [int(q) for q in np.unique(self.seq_id_values)]
+
+    @property
+    def shared_cells(self) -> int:
+        """How many cells belong to more than one sequence."""
+        return int(np.count_nonzero(np.diff(self.seq_id_starts) > 1))
+
     def __repr__(self) -> str:
         # short whatever the cell count: the arrays are summarized, not printed
-        seqs = sorted({q for ids in self.seq_ids for q in ids})
+        seqs = self.sequences
         shown = ", ".join(map(str, seqs[:8])) + (f", ... ({len(seqs)})" if len(seqs) > 8 else "")
         pos = f"{self.pos.min()}..{self.pos.max()}" if self.cell_count else "-"
         ext = "" if self.ext is None else ", ext"
@@ -124,13 +148,11 @@ class Recurrent:
 
 
 def _i32(buf: _kvfast.Buf) -> npt.NDArray[np.int32]:
-    return np.frombuffer(memoryview(buf), dtype="<i4").astype(np.int32)
+    # a read-only view of the binding's buffer: no copy, no object per cell
+    return np.frombuffer(memoryview(buf), dtype=np.dtype("<i4")).view(np.int32)
 
 
 def _stream(s: dict[str, Any], layers: list[Layer]) -> Stream:
-    starts = _i32(s["seq_start"])
-    ids = _i32(s["seq_ids"]).tolist()
-    seq_ids = [ids[starts[i] : starts[i + 1]] for i in range(len(starts) - 1)]
     ext = None
     if s["ext"] is not None:
         ext = _i32(s["ext"]).reshape(-1, s["ext_width"])
@@ -139,7 +161,8 @@ def _stream(s: dict[str, Any], layers: list[Layer]) -> Stream:
         offset=s["offset"],
         cell_count=s["cell_count"],
         pos=_i32(s["pos"]),
-        seq_ids=seq_ids,
+        seq_id_starts=_i32(s["seq_start"]),
+        seq_id_values=_i32(s["seq_ids"]),
         ext=ext,
         v_trans=s["v_trans"],
         layers=layers,

@@ -82,7 +82,7 @@ def cell_tokens(dump: OpenState) -> pl.DataFrame:
     known). Join it to :meth:`Dump.to_polars` or ``stats(by="cell")`` on (cache, stream, cell)."""
     tokens = dump.tokens
     per_sequence = dump.container in ("seq", "ggsq")
-    seqs = {q for c in dump.caches for s in c.streams for ids in s.seq_ids for q in ids}
+    seqs = {q for c in dump.caches for s in c.streams for q in s.sequences}
     by_pos = tokens is not None and (per_sequence or len(seqs) <= 1)
     pieces = dump.vocabulary
     recorded = dict(enumerate(dump.pieces or [])) if pieces is None and by_pos else {}

@@ -14,22 +14,79 @@ pub const MAX_EMBD: u64 = 1 << 24;
 /// More caches than any memory writes.
 pub const MAX_CACHES: usize = 8;
 
+/// One i32 of cell `i`; the field's name is only formatted when the bytes end (a state holds
+/// millions of cells: naming each field up front costs more than reading it).
+fn cell_i32(cur: &mut Cursor, at: &str, i: usize, what: &str) -> Result<i32> {
+    if cur.remaining() >= 4 {
+        cur.i32(what)
+    } else {
+        cur.i32(&format!("{at} cell {i} {what}"))
+    }
+}
+
 /// Cells: position, sequences and (`stream.ext_width`) extension of each.
 pub fn parse_cells(cur: &mut Cursor, at: &str, stream: &mut Stream) -> Result<()> {
+    let (done, used) = fast_cells(cur.rest(), stream);
+    cur.take(used as u64, at)?;
+    if done == stream.cell_count as usize {
+        return Ok(());
+    }
+    // cell `done` is cut short or out of range: read on from it, naming the field that fails
+    checked_cells(cur, at, stream, done)
+}
+
+/// The cells of well-formed bytes, read straight from the slice (a state holds millions of cells;
+/// the walk reads them once per reading it tries): how many cells were read, and their bytes (the
+/// cells before the first that breaks a bound or is cut short).
+fn fast_cells(b: &[u8], stream: &mut Stream) -> (usize, usize) {
     let n = stream.cell_count as usize;
+    let width = stream.ext_width;
+    let word = |o: usize| -> Option<i32> {
+        let w = b.get(o..o + 4)?;
+        Some(i32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+    };
     stream.pos.reserve_exact(n);
     stream.seq_start.reserve_exact(n + 1);
     stream.seq_start.push(0);
     stream.seq_ids.reserve(n);
+    let mut ext = (width > 0).then(|| Vec::with_capacity(n * width));
+    let mut o = 0usize;
+    let mut i = 0usize;
+    while i < n {
+        let (Some(pos), Some(n_seq)) = (word(o), word(o + 4)) else {
+            break;
+        };
+        let n_seq = n_seq as u32;
+        let end = o + 8 + (width + n_seq as usize) * 4;
+        if pos < 0 || n_seq > MAX_SEQ || end > b.len() {
+            break;
+        }
+        let ids = (0..n_seq as usize).map(|k| word(o + 8 + (width + k) * 4).unwrap_or(-1));
+        if ids.clone().any(|id| id < 0 || id as u32 >= MAX_SEQ) {
+            break;
+        }
+        if let Some(ext) = ext.as_mut() {
+            ext.extend((0..width).map(|k| word(o + 8 + k * 4).unwrap_or(0)));
+        }
+        stream.seq_ids.extend(ids);
+        stream.pos.push(pos);
+        stream.seq_start.push(stream.seq_ids.len() as u32);
+        o = end;
+        i += 1;
+    }
+    stream.ext = ext;
+    (i, o)
+}
+
+/// Cells read field by field, failing with the field's name, offset and bound.
+/// (`first`: the cells before it are read already.)
+fn checked_cells(cur: &mut Cursor, at: &str, stream: &mut Stream, first: usize) -> Result<()> {
+    let n = stream.cell_count as usize;
     let width = stream.ext_width;
-    let mut ext = if width > 0 {
-        Some(Vec::with_capacity(n * width))
-    } else {
-        None
-    };
-    for i in 0..n {
+    let mut ext = stream.ext.take();
+    for i in first..n {
         let off = cur.pos();
-        let pos = cur.i32(&format!("{at} cell {i} pos"))?;
+        let pos = cell_i32(cur, at, i, "pos")?;
         if pos < 0 {
             return Err(Error::format(
                 format!("{at} cell {i} pos"),
@@ -39,15 +96,24 @@ pub fn parse_cells(cur: &mut Cursor, at: &str, stream: &mut Stream) -> Result<()
             ));
         }
         // Sequence states of builds before mid-2025 write 0 here: the cell is the state's sequence.
-        let n_seq = cur.u32_in(&format!("{at} cell {i} n_seq_id"), 0, MAX_SEQ)?;
+        let n_off = cur.pos();
+        let n_seq = cell_i32(cur, at, i, "n_seq_id")? as u32;
+        if n_seq > MAX_SEQ {
+            return Err(Error::format(
+                format!("{at} cell {i} n_seq_id"),
+                n_off,
+                format!("0 to {MAX_SEQ}"),
+                n_seq,
+            ));
+        }
         if let Some(ext) = ext.as_mut() {
             for _ in 0..width {
-                ext.push(cur.i32(&format!("{at} cell {i} extension"))?);
+                ext.push(cell_i32(cur, at, i, "extension")?);
             }
         }
         for _ in 0..n_seq {
             let off = cur.pos();
-            let id = cur.i32(&format!("{at} cell {i} seq_id"))?;
+            let id = cell_i32(cur, at, i, "seq_id")?;
             if id < 0 || id as u32 >= MAX_SEQ {
                 return Err(Error::format(
                     format!("{at} cell {i} seq_id"),
@@ -63,4 +129,66 @@ pub fn parse_cells(cur: &mut Cursor, at: &str, stream: &mut Stream) -> Result<()
     }
     stream.ext = ext;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(cells: u32, ext_width: usize) -> Stream {
+        Stream {
+            index: 0,
+            offset: 0,
+            cell_count: cells,
+            meta_offset: 0,
+            meta_len: 0,
+            pos: Vec::new(),
+            seq_start: Vec::new(),
+            seq_ids: Vec::new(),
+            ext: None,
+            ext_width,
+            layer_header_offset: 0,
+            v_trans: false,
+            layers: Vec::new(),
+        }
+    }
+
+    fn words(w: &[i32]) -> Vec<u8> {
+        w.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn the_fast_reading_and_the_checked_one_agree() {
+        // cell 0: pos 5, seqs [0, 3]; cell 1: pos 6, no seq; each with a 1-word extension
+        let b = words(&[5, 2, 70, 0, 3, 6, 0, 71, 99]);
+        let (mut fast, mut checked) = (stream(2, 1), stream(2, 1));
+        let mut cur = Cursor::new(&b, 0);
+        parse_cells(&mut cur, "s", &mut fast).unwrap();
+        assert_eq!(cur.pos(), 32);
+        // the checked reading from cell 0, as parse_cells starts it when cell 0 is bad
+        checked.seq_start.push(0);
+        checked.ext = Some(Vec::new());
+        checked_cells(&mut Cursor::new(&b, 0), "s", &mut checked, 0).unwrap();
+        assert_eq!(fast, checked);
+        assert_eq!(fast.pos, vec![5, 6]);
+        assert_eq!(fast.seq_start, vec![0, 2, 2]);
+        assert_eq!(fast.seq_ids, vec![0, 3]);
+        assert_eq!(fast.ext, Some(vec![70, 71]));
+    }
+
+    #[test]
+    fn a_bad_cell_is_named_by_the_checked_reading() {
+        let b = words(&[5, 1, 0, 6, 1, 300]);
+        let e = parse_cells(
+            &mut Cursor::new(&b, 0),
+            "cache 0 stream 0",
+            &mut stream(2, 0),
+        );
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains("cache 0 stream 0 cell 1 seq_id"), "{e}");
+        assert!(e.contains("20"), "{e}");
+        let cut = words(&[5, 1, 0, 6]);
+        let e = parse_cells(&mut Cursor::new(&cut, 0), "s", &mut stream(2, 0)).unwrap_err();
+        assert!(e.to_string().contains("s cell 1 n_seq_id"), "{e}");
+    }
 }

@@ -17,6 +17,11 @@ impl<'a> Cursor<'a> {
         self.pos
     }
 
+    /// The bytes not read yet.
+    pub fn rest(&self) -> &'a [u8] {
+        &self.buf[self.pos..]
+    }
+
     pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }

@@ -44,13 +44,14 @@ pub fn check(container: Container, seq_id: Option<i32>, caches: &[Cache]) -> Res
     for (ci, cache) in caches.iter().enumerate() {
         for s in &cache.streams {
             for i in 0..s.cell_count as usize {
-                let at = format!("cache {ci} stream {} cell {i}", s.index);
+                // named only when a cell breaks a guarantee (a state holds millions of cells)
+                let at = || format!("cache {ci} stream {} cell {i}", s.index);
                 let ids = s.cell_seqs(i);
                 let n_off = cell_offset(s, i) + 4;
                 if !per_sequence {
                     if ids.is_empty() {
                         return Err(Error::format(
-                            format!("{at} n_seq_id"),
+                            format!("{} n_seq_id", at()),
                             n_off as usize,
                             "1 or more: every cell of a whole-context state belongs to a sequence",
                             0,
@@ -60,7 +61,7 @@ pub fn check(container: Container, seq_id: Option<i32>, caches: &[Cache]) -> Res
                 }
                 if ids.len() > 1 {
                     return Err(Error::format(
-                        format!("{at} n_seq_id"),
+                        format!("{} n_seq_id", at()),
                         n_off as usize,
                         "0 or 1: a sequence state's cells list its own sequence only",
                         ids.len(),
@@ -68,10 +69,10 @@ pub fn check(container: Container, seq_id: Option<i32>, caches: &[Cache]) -> Res
                 }
                 let lists = ids.len() == 1;
                 match &era {
-                    None => era = Some((lists, at.clone())),
+                    None => era = Some((lists, at())),
                     Some((e, first)) if *e != lists => {
                         return Err(Error::format(
-                            format!("{at} n_seq_id"),
+                            format!("{} n_seq_id", at()),
                             n_off as usize,
                             format!(
                                 "{} as in {first}: a sequence state's cells all list its sequence, \
@@ -85,10 +86,10 @@ pub fn check(container: Container, seq_id: Option<i32>, caches: &[Cache]) -> Res
                 }
                 let Some(&id) = ids.first() else { continue };
                 match &want {
-                    None => want = Some((id, format!("{at} seq_id"))),
+                    None => want = Some((id, format!("{} seq_id", at()))),
                     Some((w, source)) if *w != id => {
                         return Err(Error::format(
-                            format!("{at} seq_id"),
+                            format!("{} seq_id", at()),
                             (n_off + 4 + s.ext_width as u64 * 4) as usize,
                             format!("{w} as in {source}: a sequence state holds one sequence"),
                             id,
