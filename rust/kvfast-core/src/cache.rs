@@ -57,61 +57,75 @@ impl Reading {
     }
 }
 
-/// Parse the memory from `start` to the end of `buf`: KV caches, then (`reading.recurrent`) the
-/// recurrent part. With a recurrent part, every count of KV caches before it is tried, and
-/// exactly one must consume the bytes.
-pub fn parse_caches(
+/// What one reading of the memory gave: the memory as attention caches alone, and as attention
+/// caches then a recurrent part (None: not asked for).
+pub struct Parsed {
+    pub kv: Option<Result<Vec<Cache>>>,
+    pub recurrent: Option<Result<Vec<Cache>>>,
+}
+
+/// Parse the memory from `start` to the end of `buf` under `reading` (its n_stream, extension and
+/// V-less flag; `reading.recurrent` is not looked at): as KV caches alone (`kv`), and as KV caches
+/// then a recurrent part (`recurrent`), every count of KV caches before it tried (exactly one must
+/// consume the bytes). The KV caches are parsed once for both.
+pub fn parse_memory(
     buf: &[u8],
     start: usize,
     reading: Reading,
+    kv: bool,
+    recurrent: bool,
     hint: Option<RecurrentHint>,
-) -> Result<Vec<Cache>> {
+) -> Parsed {
+    let mut kv_out: Option<Result<Vec<Cache>>> = None;
     let mut done: Vec<Vec<Cache>> = Vec::new();
-    let mut err = None;
+    let mut rec_err = None;
     let mut caches = Vec::new();
     let mut pos = start;
     loop {
-        if reading.recurrent {
+        if recurrent {
             match parse_recurrent(&mut Cursor::new(buf, pos), hint) {
                 Ok(r) => {
                     let mut all = caches.clone();
                     all.push(r);
                     done.push(all);
                 }
-                Err(e) => err = Some(furthest(err, e)),
+                Err(e) => rec_err = Some(furthest(rec_err, e)),
             }
         }
-        if caches.len() == MAX_CACHES {
-            if !reading.recurrent {
-                return Err(Error::format(
-                    "end of the state",
-                    pos,
-                    format!("at most {MAX_CACHES} KV caches, then the end of the bytes"),
-                    format!("{} more bytes", buf.len() - pos),
-                ));
-            }
+        if kv_out.is_some() || (!kv && pos == buf.len()) {
             break;
         }
-        if reading.recurrent && pos == buf.len() {
+        if caches.len() == MAX_CACHES {
+            kv_out = Some(Err(Error::format(
+                "end of the state",
+                pos,
+                format!("at most {MAX_CACHES} KV caches, then the end of the bytes"),
+                format!("{} more bytes", buf.len() - pos),
+            )));
             break;
         }
         match parse_cache(&mut Cursor::new(buf, pos), reading, caches.len()) {
             Ok((cache, end)) => {
                 caches.push(cache);
                 pos = end;
-                if end == buf.len() && !reading.recurrent {
-                    return Ok(caches);
+                if end == buf.len() {
+                    // the KV reading ends here; the recurrent one tries a part after it (and fails)
+                    kv_out = Some(Ok(caches.clone()));
                 }
             }
-            Err(e) if !reading.recurrent => return Err(e),
             Err(e) => {
-                err = Some(furthest(err, e));
+                // the KV reading's error; the recurrent reading's only when it is the one asked for
+                if kv {
+                    kv_out = Some(Err(e));
+                } else {
+                    rec_err = Some(furthest(rec_err, e));
+                }
                 break;
             }
         }
     }
-    match done.len() {
-        0 => Err(err.unwrap_or_else(|| {
+    let rec = recurrent.then(|| match done.len() {
+        0 => Err(rec_err.unwrap_or_else(|| {
             Error::format(
                 "recurrent part",
                 buf.len(),
@@ -128,6 +142,10 @@ pub fn parse_caches(
                 .map(|d| format!("{} KV caches, then the recurrent part", d.len() - 1))
                 .collect(),
         }),
+    });
+    Parsed {
+        kv: if kv { kv_out } else { None },
+        recurrent: rec,
     }
 }
 

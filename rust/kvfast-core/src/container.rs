@@ -1,6 +1,6 @@
 //! Telling the containers apart and walking a whole state (section 1 of the format doc).
 
-use crate::cache::{furthest, parse_caches, Reading, MAX_SEQ};
+use crate::cache::{furthest, parse_memory, Reading, MAX_SEQ};
 use crate::cursor::Cursor;
 use crate::error::{Error, Result};
 use crate::guarantees::check;
@@ -397,16 +397,27 @@ fn attempt(
             if opts.cell_ext.is_some_and(|e| e != (r.ext_bytes > 0)) {
                 continue;
             }
-            for &recurrent in rec {
-                let r = Reading {
-                    v_less,
-                    recurrent,
-                    ..r
-                };
+            let r = Reading {
+                v_less,
+                recurrent: false,
+                ..r
+            };
+            // the KV caches are parsed once for both readings (with and without a recurrent part)
+            let parsed = parse_memory(
+                buf,
+                prefix.memory,
+                r,
+                rec.contains(&false),
+                rec.contains(&true),
+                opts.recurrent,
+            );
+            for (recurrent, result) in [(false, parsed.kv), (true, parsed.recurrent)] {
+                let Some(result) = result else { continue };
+                let r = Reading { recurrent, ..r };
                 let desc = format!("{} with {}", prefix.container.name(), r.describe());
                 let many = kv_readings > 2 || (recurrent && !expected);
                 let note = |e: Error| if many { e.in_reading(&desc) } else { e };
-                match parse_caches(buf, prefix.memory, r, opts.recurrent) {
+                match result {
                     Ok(c) => match check(prefix.container, prefix.seq_id, &c)
                         .and_then(|()| arch_agrees(prefix, &c))
                     {
