@@ -8,7 +8,7 @@
 //! record (the SSM / WKV / delta-net state). Which layers have records is not in the bytes: the
 //! reading counts them (the part ends the state, so the records run to the end: half R, half S).
 
-use crate::cells::{parse_cells, MAX_EMBD, MAX_LAYERS};
+use crate::cells::{parse_cells, MAX_EMBD, MAX_LAYERS, MAX_SEQ};
 use crate::cursor::Cursor;
 use crate::error::{Error, Result};
 use crate::layout::{Cache, Kind, Layer, Memory, Record, Stream};
@@ -29,7 +29,8 @@ pub struct RecurrentHint {
 /// Parse the recurrent part from the cursor to the end of the bytes.
 pub fn parse_recurrent(cur: &mut Cursor, hint: Option<RecurrentHint>) -> Result<Cache> {
     let offset = cur.pos();
-    let cell_count = cur.u32(&format!("{AT} cell_count"))?;
+    // llama.cpp keeps max(1, n_seq_max) recurrent cells (create_memory): at most LLAMA_MAX_SEQ
+    let cell_count = cur.u32_in(&format!("{AT} cell_count"), 0, MAX_SEQ)?;
     let needed = cell_count as u64 * 8;
     if needed > cur.remaining() as u64 {
         return Err(Error::Truncated {
