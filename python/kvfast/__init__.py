@@ -30,6 +30,8 @@ from kvfast.floats import upcast
 from kvfast.model import ModelGeometry
 from kvfast.rotation import Rotation, RotationError, RotationWarning
 from kvfast.structure import Cache, Layer, Stream
+from kvfast.write import write
+from kvfast.write_cells import WriteError
 
 
 def sample_path() -> str:
@@ -58,6 +60,7 @@ __all__ = [
     "TokenMismatchWarning",
     "TruncatedError",
     "UnsupportedVersionError",
+    "WriteError",
     "__version__",
     "compare",
     "compare_scan",
@@ -71,4 +74,5 @@ __all__ = [
     "scan_export",
     "scan_stats",
     "upcast",
+    "write",
 ]

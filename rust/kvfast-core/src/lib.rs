@@ -31,6 +31,8 @@ pub mod table_plan;
 mod testing;
 pub mod types;
 pub mod view;
+pub mod write;
+pub mod write_edit;
 
 pub use container::{walk, WalkOptions};
 pub use error::{Error, Result};

@@ -15,6 +15,7 @@ mod table;
 #[cfg(test)]
 mod testing;
 mod types;
+mod write;
 
 use pyo3::prelude::*;
 
@@ -34,6 +35,7 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compare_modes::compare_positions, m)?)?;
     m.add_function(wrap_pyfunction!(rotation::rotation_group, m)?)?;
     m.add_function(wrap_pyfunction!(types::ggml_types, m)?)?;
+    m.add_function(wrap_pyfunction!(write::write_state, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,0 +1,179 @@
+//! `write_state`: kvfast-core's writer (`write`, `write_edit`) as Python calls it. Python plans
+//! the edits (kvfast.write); this converts them and runs them with the GIL released.
+
+use std::path::PathBuf;
+
+use kvfast_core::write::{Format, StateParts};
+use kvfast_core::write_edit::{concat, Replace, Retype};
+use kvfast_core::{Container, GgmlType};
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+
+use crate::errors::{Error, Result};
+use crate::state::{parse_kind, State};
+
+/// The edits of one source state, in the order they are made.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct SourceEdits {
+    /// (cache, kind, type, group stored in now, group the type is stored in).
+    retype: Vec<(usize, String, String, usize, usize)>,
+    /// (cache, stream, layer, kind, f32 little-endian values, group).
+    values: Vec<(usize, usize, usize, String, PyBackedBytes, usize)>,
+    /// Per cache, per stream, per cell: keep it ([] for a cache: every cell).
+    keep: Option<Vec<Vec<Vec<bool>>>>,
+    /// Keep this sequence alone.
+    extract: Option<i32>,
+    /// (from, to) sequence renames.
+    seq_map: Vec<(i32, i32)>,
+}
+
+/// What is written: the container (None: the first source's, as it is), its version, and the
+/// fields Python chose.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct Target {
+    container: Option<String>,
+    version: Option<u32>,
+    seq_id: Option<i32>,
+    arch: Option<String>,
+    token_words: Option<Vec<i32>>,
+    /// Tokens by position, for the token of a 12-byte cell extension made from an 8-byte one.
+    ext_tokens: Option<Vec<i32>>,
+}
+
+fn bad(msg: String) -> Error {
+    Error::Python(pyo3::exceptions::PyValueError::new_err(msg))
+}
+
+fn container(name: &str) -> Result<Container> {
+    Ok(match name {
+        "seq" => Container::RawSeq,
+        "ggsq" => Container::Ggsq,
+        "ggsn" => Container::Ggsn,
+        "state" => Container::RawState,
+        _ => {
+            return Err(bad(format!(
+                "container must be 'seq', 'ggsq', 'ggsn' or 'state', not {name:?}"
+            )))
+        }
+    })
+}
+
+fn format_of(t: &Target, first: Format) -> Result<Format> {
+    let Some(name) = &t.container else {
+        return Ok(first);
+    };
+    let mut f = Format::newest(container(name)?);
+    match (f.container, t.version) {
+        (_, None) => {}
+        (Container::Ggsq, Some(3)) | (Container::Ggsn, Some(10)) => {}
+        (Container::Ggsq, Some(2)) => {
+            f.version = Some(2);
+            f.ext_bytes = 8;
+        }
+        (Container::Ggsn, Some(9)) => f.version = Some(9),
+        (_, Some(v)) => {
+            return Err(bad(format!(
+            "version {v} of {name}: kvfast writes GGSQ 2 or 3 and GGSN 9 (without outputs) or 10; \
+                 raw bytes have no version"
+        )))
+        }
+    }
+    Ok(f)
+}
+
+fn ty(name: &str) -> Result<GgmlType> {
+    GgmlType::from_name(name).ok_or_else(|| Error::UnknownType(name.to_string()))
+}
+
+fn edit(sf: &kvfast_core::StateFile, e: SourceEdits) -> Result<StateParts> {
+    let mut p = StateParts::from_layout(sf.bytes(), &sf.layout)?;
+    for (cache, kind, t, from_group, to_group) in e.retype {
+        p.retype(Retype {
+            cache,
+            kind: parse_kind(&kind)?,
+            ty: ty(&t)?,
+            from_group,
+            to_group,
+        })?;
+    }
+    for (cache, stream, layer, kind, bytes, group) in e.values {
+        let values = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        p.replace(&Replace {
+            cache,
+            stream,
+            layer,
+            kind: parse_kind(&kind)?,
+            values,
+            group,
+        })?;
+    }
+    if let Some(keep) = e.keep {
+        p.keep(&keep)?;
+    }
+    if let Some(seq) = e.extract {
+        p.extract(seq)?;
+    }
+    if !e.seq_map.is_empty() {
+        p.rename(&e.seq_map)?;
+    }
+    Ok(p)
+}
+
+/// Write the edited sources (joined, when more than one) to `path`; returns the bytes written.
+#[pyfunction]
+pub fn write_state(
+    py: Python<'_>,
+    sources: Vec<PyRef<'_, State>>,
+    edits: Vec<SourceEdits>,
+    path: PathBuf,
+    target: Target,
+) -> Result<u64> {
+    if sources.len() != edits.len() || sources.is_empty() {
+        return Err(bad(format!(
+            "{} sources and {} edits: one edit per source, at least one",
+            sources.len(),
+            edits.len()
+        )));
+    }
+    let files = sources
+        .iter()
+        .map(|s| s.get())
+        .collect::<Result<Vec<_>>>()?;
+    py.detach(move || {
+        let mut parts = Vec::with_capacity(files.len());
+        for (sf, e) in files.iter().zip(edits) {
+            parts.push(edit(sf, e)?);
+        }
+        let first = parts[0].format;
+        let mut p = if parts.len() == 1 {
+            parts.pop().expect("one state")
+        } else {
+            concat(parts)?
+        };
+        if let Some(a) = target.arch.clone() {
+            p.arch = Some(a);
+        }
+        let format = format_of(&target, first)?;
+        p.to_format(format, target.ext_tokens.as_deref())?;
+        if let Some(q) = target.seq_id {
+            p.seq_id = Some(q);
+        }
+        if let Some(words) = target.token_words {
+            p.token_words = Some(words);
+        }
+        let bytes = p.to_bytes()?;
+        let tmp = path.with_extension("kvfast-tmp");
+        let io = |source| kvfast_core::Error::File {
+            path: path.clone(),
+            source,
+        };
+        std::fs::write(&tmp, &bytes).map_err(io)?;
+        std::fs::rename(&tmp, &path).map_err(io)?;
+        Ok(bytes.len() as u64)
+    })
+}
