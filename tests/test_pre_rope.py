@@ -128,3 +128,35 @@ def test_scans_exports_and_compare_scan_read_keys_before_rope(tmp_path: Path) ->
         kvfast.export([SHARED], tmp_path / "bad", pre_rope=True)
     pre = kvfast.compare_scan(SHARED, [SHARED], model=QWEN3, pre_rope=True).collect()
     assert pre["max_abs"].max() == 0.0
+
+
+def test_bad_rope_parameters_are_named(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "bad.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    w.add_block_count(2)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_key_length(32)
+    w.add_value_length(32)
+    w.add_string("qwen3.rope.freq_base", "ten thousand")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(kvfast.PreRopeError) as e:
+        kvfast.open(SHARED, model=path, pre_rope=True)
+    assert e.value.field == "qwen3.rope.freq_base"
+    # the binding checks what it is given too
+    state = kvfast.open(SHARED, model=QWEN3)._live()
+    rope = model_rope(QWEN3, 32)["global"]
+    with pytest.raises(ValueError, match="does not fit"):
+        state.set_rope([[{**rope, "n_dims": 33}, None]])
+    with pytest.raises(ValueError, match="finite and positive"):
+        state.set_rope([[{**rope, "freq_base": float("nan")}]])
+    with pytest.raises(ValueError, match="for 2 caches"):
+        state.set_rope([[], []])
+    # a geometry without its GGUF cannot say the rope
+    geometry = kvfast.ModelGeometry.from_gguf(QWEN3)
+    with pytest.raises(kvfast.PreRopeError, match="needs the model's GGUF"):
+        kvfast.open(SHARED, model=geometry, pre_rope=True)

@@ -28,6 +28,7 @@ from kvfast.export import ExportError, export
 from kvfast.export_read import export_schema, scan_export
 from kvfast.floats import upcast
 from kvfast.model import ModelGeometry
+from kvfast.pre_rope import PreRopeError
 from kvfast.rotation import Rotation, RotationError, RotationWarning
 from kvfast.structure import Cache, Layer, Stream
 from kvfast.write import write
@@ -52,6 +53,7 @@ __all__ = [
     "MatchError",
     "ModelGeometry",
     "ModelMismatchError",
+    "PreRopeError",
     "Rotation",
     "RotationError",
     "RotationWarning",
