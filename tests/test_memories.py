@@ -393,3 +393,10 @@ def test_every_truncation_is_an_error(folder: str) -> None:
             with pytest.raises(kvfast.KvfastError) as e:
                 State.from_bytes(raw[:n], **h)
             assert e.value.offset is not None and 0 <= e.value.offset <= n
+
+
+def test_keys_before_rope_refuse_an_mla_cache() -> None:
+    # the RoPE part of an MLA K row is its last values (the latent comes first)
+    p = DATA / "deepseek2mla-f16-fa/seq-0.bin"
+    with pytest.raises(kvfast.KvfastError, match="V-less"):
+        kvfast.open(p, model=_model(p), pre_rope=True)

@@ -280,6 +280,15 @@ def apply(dump: OpenState, model_path: str | os.PathLike[str] | None, swa: tuple
             " and head size are in its header",
             field="model",
         )
+    layers = [ly for c in dump.caches for s in c.streams for ly in s.layers]
+    if layers and all(ly.v_type is None for ly in layers):
+        # deepseek2's K row is the latent, then the roped part (k_pe) last: not a head roped from
+        # its first values
+        raise PreRopeError(
+            "pre_rope: a V-less (MLA) cache's K row is the compressed latent, then the RoPE part;"
+            " kvfast does not undo that rope yet",
+            field="model",
+        )
     rope = model_rope(model_path, dump.head_dim_k)
     spec: list[list[dict[str, Any] | None]] = []
     for cache, layers in zip(dump.caches, dump._model_layers or [], strict=False):
