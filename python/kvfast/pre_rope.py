@@ -280,8 +280,8 @@ def apply(dump: OpenState, model_path: str | os.PathLike[str] | None, swa: tuple
             " and head size are in its header",
             field="model",
         )
-    layers = [ly for c in dump.caches for s in c.streams for ly in s.layers]
-    if layers and all(ly.v_type is None for ly in layers):
+    every = [ly for c in dump.caches for s in c.streams for ly in s.layers]
+    if every and all(ly.v_type is None for ly in every):
         # deepseek2's K row is the latent, then the roped part (k_pe) last: not a head roped from
         # its first values
         raise PreRopeError(
