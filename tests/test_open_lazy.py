@@ -4,6 +4,7 @@ sequences in CSR form), and the per-cell lists of ``Stream.seq_ids`` are built w
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import kvfast
 from kvfast import synth
@@ -18,7 +19,10 @@ def test_cells_are_arrays_and_seq_ids_are_built_on_first_use(state_file: Path) -
                 starts, values = s.seq_id_starts, s.seq_id_values
                 assert starts.dtype == values.dtype == np.int32
                 assert len(starts) == (s.cell_count + 1 if s.cell_count else 0)
+                cells = [s.cell_seq_ids(i) for i in range(s.cell_count)]
+                assert "seq_ids" not in vars(s)  # one cell's sequences build no list per cell
                 lists = s.seq_ids
+                assert cells == lists
                 assert "seq_ids" in vars(s) and s.seq_ids is lists  # built once
                 assert len(lists) == s.cell_count
                 flat = [q for ids in lists for q in ids]
@@ -38,4 +42,8 @@ def test_a_large_state_opens_without_lists_per_cell(tmp_path: Path) -> None:
         assert s.sequences == [3] and s.shared_cells == 0
         np.testing.assert_array_equal(s.pos, np.arange(cells, dtype=np.int32))
         assert not s.pos.flags.writeable  # a view of the walk's buffer, not a copy
+        assert s.cell_seq_ids(cells - 1) == [3]
+        for bad in (cells, -1, "0", True):
+            with pytest.raises(kvfast.SelectionError, match="out of range: stream 0 has 50000 cells"):
+                s.cell_seq_ids(bad)  # type: ignore[arg-type]
         assert repr(s).startswith("Stream(index=0, cells=50000, pos=0..49999, seq_ids=[3]")

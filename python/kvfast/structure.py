@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvfast import _kvfast
+from kvfast.errors import SelectionError
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,19 @@ class Stream:
         ids = self.seq_id_values.tolist()
         starts = self.seq_id_starts.tolist()
         return [ids[starts[i] : starts[i + 1]] for i in range(len(starts) - 1)]
+
+    def cell_seq_ids(self, cell: int) -> list[int]:
+        """The sequences of one cell (from the arrays: builds no list per cell)."""
+        if (
+            isinstance(cell, bool)
+            or not isinstance(cell, int | np.integer)
+            or not 0 <= cell < self.cell_count
+        ):
+            raise SelectionError(
+                f"cell {cell!r} out of range: stream {self.index} has {self.cell_count} cells"
+            )
+        lo, hi = int(self.seq_id_starts[cell]), int(self.seq_id_starts[cell + 1])
+        return [int(q) for q in self.seq_id_values[lo:hi]]
 
     @property
     def sequences(self) -> list[int]:

@@ -56,7 +56,7 @@ def rows(
                 {
                     "cell": c,
                     "pos": int(s.pos[c]),
-                    "seq_ids": s.seq_ids[c],
+                    "seq_ids": s.cell_seq_ids(c),
                     "token": token[c],
                     "piece": piece[c],
                     "offset": start,
