@@ -160,3 +160,28 @@ def test_bad_rope_parameters_are_named(tmp_path: Path) -> None:
     geometry = kvfast.ModelGeometry.from_gguf(QWEN3)
     with pytest.raises(kvfast.PreRopeError, match="needs the model's GGUF"):
         kvfast.open(SHARED, model=geometry, pre_rope=True)
+
+
+def test_mla_keys_whose_rope_comes_last_are_refused() -> None:
+    mla = DATA / "deepseek2mla-f16-fa" / "state.bin"
+    with pytest.raises(PreRopeError, match="MLA"):
+        kvfast.open(mla, model=DATA / "models" / "tiny-deepseek2-mla.gguf", pre_rope=True)
+
+
+def test_a_k_pe_arch_with_v_is_refused_too(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "ds2.gguf"
+    w = gguf.GGUFWriter(str(path), "deepseek2")
+    w.add_block_count(2)
+    w.add_head_count(4)
+    w.add_head_count_kv(4)
+    w.add_key_length(192)
+    w.add_value_length(128)
+    w.add_rope_dimension_count(64)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(PreRopeError, match="ropes the last 64 of 192") as e:
+        model_rope(path, 192)
+    assert e.value.field == "deepseek2.rope.dimension_count"

@@ -15,7 +15,8 @@ What is read (as llama.cpp's loader and llama_context read it):
 - NORM (neighbouring values paired) or NEOX (halves paired) per arch, as llama_model_rope_type.
 
 Not supported (a clear :class:`PreRopeError`): M-RoPE / interleaved M-RoPE models (Qwen2-VL,
-Qwen3-VL, Qwen3.5: the cell's extension would give the sections' positions), archs without RoPE,
+Qwen3-VL, Qwen3.5: the cell's extension would give the sections' positions), K rows whose roped
+part comes last (DeepSeek-2's MLA and its kin: a separately roped k_pe), archs without RoPE,
 longrope, and per-dimension frequency factors (a ``rope_freqs`` tensor: Llama 3.1+; they are not in
 the header kvfast reads, so such a model's keys come out wrong at the low frequencies). Layers a
 model leaves unroped (Llama 4's NoPE layers) are not known either.
@@ -162,6 +163,24 @@ MAYBE_MROPE = {"bailingmoe3": False, "glm4": False, "glm4moe": True, "hunyuan_vl
 MROPE = frozenset(
     ["dflash", "paddleocr", "qwen2vl", "qwen35", "qwen35moe", "qwen3tts", "qwen3vl", "qwen3vlmoe", "qwen4exp"]
 )
+# archs whose K is [no-RoPE part, RoPE part] (a separately roped k_pe concatenated last: MLA and
+# its kin, src/models/*.cpp): the roped dimensions are the last ones, not undone yet
+ROPE_LAST = frozenset(
+    [
+        "bailingmoe3",
+        "deepseek2",
+        "deepseek2-ocr",
+        "deepseek32",
+        "deepseek4",
+        "dots3note",
+        "glm-dsa",
+        "hy_v4",
+        "kimi-k3",
+        "kimi-linear",
+        "minicpm3",
+        "plm",
+    ]
+)
 # archs whose loader sets the sliding-window base to the global one before reading freq_base_swa
 SWA_BASE_IS_GLOBAL = frozenset(
     [
@@ -232,6 +251,12 @@ def model_rope(path: str | os.PathLike[str], head_dim_k: int) -> dict[str, Any]:
     if n_dims % 2 or not 0 < n_dims <= head_dim_k:
         raise PreRopeError(
             f"{k('rope.dimension_count')} is {n_dims}: expected an even count up to the head size {head_dim_k}",
+            field=k("rope.dimension_count"),
+        )
+    if arch in ROPE_LAST and n_dims < head_dim_k:
+        raise PreRopeError(
+            f"pre_rope: {arch} ropes the last {n_dims} of {head_dim_k} K values (a k_pe part, MLA), which"
+            " kvfast does not undo yet",
             field=k("rope.dimension_count"),
         )
     base = _number(meta, k("rope.freq_base"), 10000.0)
