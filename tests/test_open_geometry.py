@@ -34,3 +34,18 @@ def test_a_map_of_more_caches_than_the_state_has_is_refused(tmp_path: Path) -> N
     state.set_geometry(64, 64, [[0, 1]])
     assert state.model_layers == [[0, 1]]
     assert state.head_dims == (64, 64)
+
+
+def test_the_value_plan_is_the_tables(tmp_path: Path) -> None:
+    # the values column scan and export declare over many states: each state's part from the core
+    p = tmp_path / "s.bin"
+    synth.write_state(p, cells=3, n_layer=2, n_embd_k=128, n_embd_v=64)
+    with kvfast.open(p) as d:
+        assert d._live().value_plan() == ("float16", [64, 128])
+    with kvfast.open(p, head_dim=64) as d:
+        assert d._live().value_plan() == ("float16", [64])
+        assert d.to_arrow().schema.field("values").type.list_size == 64
+    q = tmp_path / "q.bin"
+    synth.write_state(q, cells=3, n_layer=1, n_embd_k=64, k_type="q8_0")
+    with kvfast.open(q, rotation="none") as d:
+        assert d._live().value_plan() == ("float32", [64])

@@ -176,22 +176,10 @@ def _open_all(
 
 def _values_schema(dumps: list[Dump]) -> tuple[pl.DataType, str | None]:
     """The values column's type over every dump: Float16 when every record is f16 (and read as
-    stored: keys before RoPE are f32), else Float32."""
-    all_f16 = not any(d.pre_rope for d in dumps) and all(
-        ly.k_type == "f16" and ly.v_type in ("f16", None)
-        for d in dumps
-        for c in d.caches
-        for s in c.streams
-        for ly in s.layers
-    )
-    dims = set()
-    for d in dumps:
-        for c in d.caches:
-            for s in c.streams:
-                for ly in s.layers:
-                    dims.add(d.head_dim_k or ly.n_embd_k)
-                    if ly.n_embd_v is not None:
-                        dims.add(d.head_dim_v or ly.n_embd_v)
+    stored: keys before RoPE are f32), else Float32; each state's part is the core's table plan."""
+    plans = [p for p in (d._live().value_plan() for d in dumps) if p is not None]
+    all_f16 = all(name == "float16" for name, _ in plans)
+    dims = {hd for _, hds in plans for hd in hds}
     if not dims:
         dims.add(1)  # no K or V at all (recurrent models): an empty value table
     if len(dims) != 1:

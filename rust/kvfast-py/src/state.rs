@@ -5,8 +5,8 @@ use std::sync::{Arc, RwLock};
 
 use kvfast_core::recurrent::RecurrentHint;
 use kvfast_core::rope::{rope_of, CellRope, RopeSpec};
-use kvfast_core::select::Selection;
-use kvfast_core::table_plan::{Dtype, Out};
+use kvfast_core::select::{jobs, Selection};
+use kvfast_core::table_plan::{out_type, Dtype, Out};
 use kvfast_core::{GgmlType, Kind, Record, StateFile, WalkOptions};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -457,6 +457,32 @@ impl State {
             "float32"
         };
         Ok((Buf { data: r.buf }, name, r.n_embd, r.cells, r.zero_copy))
+    }
+
+    /// The values column of this state's whole value table (every K and V record, as stored, in
+    /// the geometry, rotation and RoPE set on the state), by table_plan's rule: (numpy dtype name,
+    /// the head sizes, ascending: one for a table to be planned); None for a state of no K or V
+    /// record (the recurrent part alone). Callers over many states agree them.
+    fn value_plan(&self) -> Result<Option<(&'static str, Vec<usize>)>> {
+        let sf = self.get()?;
+        let g = self.geometry();
+        let sel = Selection {
+            head_dim_k: g.head_dim_k,
+            head_dim_v: g.head_dim_v,
+            rotation: self.rotation_groups(),
+            rope: self.rope_spec(),
+            ..Selection::default()
+        };
+        let jobs = jobs(&sf.layout, &sel)?;
+        if jobs.is_empty() {
+            return Ok(None);
+        }
+        let f16 = jobs
+            .iter()
+            .all(|j| out_type(j.rec.ty, Dtype::Stored, j.transform()) == Out::F16);
+        let dims: std::collections::BTreeSet<usize> = jobs.iter().map(|j| j.head_dim).collect();
+        let name = if f16 { "float16" } else { "float32" };
+        Ok(Some((name, dims.into_iter().collect())))
     }
 
     /// The long value table as Arrow batches.
