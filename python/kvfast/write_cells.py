@@ -72,7 +72,7 @@ def cells(dump: Dump, stats: Sequence[str] = ()) -> pl.DataFrame:
             out = out.with_columns(pl.lit(None, pl.Float64).alias(c) for c in want)
             continue
         st = dump.stats(by="cell", kinds=[kind])
-        agg = st.group_by(KEYS).agg(pl.col(c[2:]).mean().alias(c) for c in want)
+        agg = st.group_by(KEYS).agg([pl.col(c[2:]).mean().alias(c) for c in want])
         out = out.join(agg, on=KEYS, how="left", maintain_order="left")
     return out
 
@@ -83,7 +83,7 @@ def keep_mask(dump: Dump, keep: Any, sync: bool) -> list[list[list[bool]]]:
     attention cache is dropped from every cache that holds it (both caches of an iSWA pair)."""
     stats: list[str] = []
     if isinstance(keep, pl.Expr):
-        stats = [n for n in keep.meta.root_names() if n in STAT_COLUMNS]
+        stats = sorted({n for n in keep.meta.root_names() if n in STAT_COLUMNS})
     frame = cells(dump, stats)
     if isinstance(keep, pl.Expr):
         try:

@@ -394,16 +394,32 @@ impl StateParts {
                     "none",
                 ));
             }
-            if let Some(seq) = self.own_seq() {
-                self.own(seq);
+            // cells listing no sequence are a sequence state's (the recurrent part's, or a 2025
+            // build's): a whole state lists it
+            let q = self.own_seq().unwrap_or(0);
+            self.own(q);
+        } else {
+            if let Some((ci, c, i)) = self.shared_cell() {
+                return Err(err(
+                    format!("cache {ci} cell {i} seq_id"),
+                    c,
+                    "one sequence per cell in a sequence state: choose one with seq_id=",
+                    "several sequences",
+                ));
             }
-        } else if let Some((ci, c, i)) = self.shared_cell() {
-            return Err(err(
-                format!("cache {ci} cell {i} seq_id"),
-                c,
-                "one sequence per cell in a sequence state: choose one with seq_id=",
-                "several sequences",
-            ));
+            // a per-sequence save lists the sequence in each attention cell (none before mid-2025,
+            // when caches had no n_stream) and none in the recurrent part's cell
+            let q = self.own_seq().unwrap_or(0);
+            for c in &mut self.caches {
+                let recurrent = c.memory.is_recurrent();
+                for cell in c.streams.iter_mut().flat_map(|s| &mut s.cells) {
+                    if recurrent {
+                        cell.seqs.clear();
+                    } else if format.n_stream && cell.seqs.is_empty() {
+                        cell.seqs.push(q);
+                    }
+                }
+            }
         }
         if format.container == Container::RawSeq && format.io_magic && self.seq_id.is_none() {
             self.seq_id = Some(self.own_seq().unwrap_or(0));
