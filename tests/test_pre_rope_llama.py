@@ -113,3 +113,36 @@ def test_llama_cpp_keys_of_one_token_at_two_positions(case: str, tmp_path: Path)
         write_model(plain, arch, {})
         a, b = keys(True, plain)
         assert np.abs(a - b).max() > 0.05
+
+
+DATA = Path(__file__).parent / "data" / "models"
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2vl.gguf", "tiny-qwen35.gguf"])
+def test_m_rope_text_cells_against_llama_cpp(name: str, tmp_path: Path) -> None:
+    """M-RoPE (Qwen2-VL: sections in a row; Qwen3.5: interleaved, after recurrent layers): the
+    same input before the attention layer at two positions (M-RoPE lets positions jump) gives one
+    key before RoPE."""
+    from kvfast.probe import Runner
+
+    model = DATA / name
+    r = Runner(str(model), ctk="f16", ctv="f16", fa=True, parallel=2, n_ctx=64, gpu_layers=0, unified=True)
+    try:
+        r.decode([(5, 0, 0, False), (9, 1, 0, False), (T, 2, 0, True)])
+        r.decode([(5, 0, 1, False), (9, 1, 1, False), (T, 40, 1, True)])
+        r.save_whole(tmp_path / "state.bin")
+    finally:
+        r.close()
+
+    def keys(pre: bool) -> tuple[Any, Any]:
+        t = kvfast.open(tmp_path / "state.bin", model=model, pre_rope=pre).to_polars(kinds="k", layers=[0])
+        a, b = (
+            np.array(t.filter(pl.col("seq_id") == q, pl.col("pos") == p)["values"].to_list(), np.float32)
+            for q, p in ((0, 2), (1, 40))
+        )
+        return a, b
+
+    a, b = keys(False)
+    assert np.abs(a - b).max() > 0.05
+    a, b = keys(True)
+    assert np.abs(a - b).max() < 2e-3 * max(1.0, float(np.abs(a).max())), np.abs(a - b).max()

@@ -14,8 +14,13 @@ What is read (as llama.cpp's loader and llama_context read it):
   magnitude 1 + 0.1 ln(factor);
 - NORM (neighbouring values paired) or NEOX (halves paired) per arch, as llama_model_rope_type.
 
-Not supported (a clear :class:`PreRopeError`): M-RoPE / interleaved M-RoPE models (Qwen2-VL,
-Qwen3-VL, Qwen3.5: the cell's extension would give the sections' positions), K rows whose roped
+M-RoPE (Qwen2-VL: sections in a row; Qwen3-VL, Qwen3.5: interleaved): ``rope.dimension_sections``,
+NEOX pairing, each section's pairs turned by the cell's time (its position), height (the cell
+extension's y) or width (x) position, the extra section by the position (as llama.cpp's batch gives
+text tokens; image cells' extra position is not stored, and their sections 4 are 0 in the models
+known).
+
+Not supported (a clear :class:`PreRopeError`): K rows whose roped
 part comes last (DeepSeek-2's MLA and its kin: a separately roped k_pe), archs without RoPE,
 longrope, and per-dimension frequency factors (a ``rope_freqs`` tensor: Llama 3.1+; they are not in
 the header kvfast reads, so such a model's keys come out wrong at the low frequencies). Layers a
@@ -163,6 +168,8 @@ MAYBE_MROPE = {"bailingmoe3": False, "glm4": False, "glm4moe": True, "hunyuan_vl
 MROPE = frozenset(
     ["dflash", "paddleocr", "qwen2vl", "qwen35", "qwen35moe", "qwen3tts", "qwen3vl", "qwen3vlmoe", "qwen4exp"]
 )
+# interleaved M-RoPE (LLAMA_ROPE_TYPE_IMROPE); the rest of MROPE has its sections in a row
+IMROPE = frozenset(["qwen35", "qwen35moe", "qwen3tts", "qwen3vl", "qwen3vlmoe", "qwen4exp"])
 # archs whose K is [no-RoPE part, RoPE part] (a separately roped k_pe concatenated last: MLA and
 # its kin, src/models/*.cpp): the roped dimensions are the last ones, not undone yet
 ROPE_LAST = frozenset(
@@ -235,18 +242,25 @@ def model_rope(path: str | os.PathLike[str], head_dim_k: int) -> dict[str, Any]:
         return f"{arch}.{name}"
 
     mrope = meta.get(k("rope.dimension_sections"))
+    sections = [0, 0, 0, 0]
     if arch in MROPE or (arch in MAYBE_MROPE and mrope):
-        raise PreRopeError(
-            f"pre_rope: {arch} uses M-RoPE (positions per section from the cell extension), which kvfast"
-            " does not undo yet",
-            field=k("rope.dimension_sections"),
-        )
+        # M-RoPE: NEOX pairing, each section's pairs turned by the time, height or width position
+        # (text cells: all the position; image cells: the cell extension's y and x)
+        given: list[int] = [v for v in mrope if isinstance(v, int)] if isinstance(mrope, list) else []
+        ok = isinstance(mrope, list) and len(given) == len(mrope) and 0 < len(given) <= 4
+        if not ok or min(given) < 0 or not sum(given):
+            raise PreRopeError(
+                f"{k('rope.dimension_sections')} is {mrope!r}: expected up to 4 section sizes (M-RoPE)",
+                field=k("rope.dimension_sections"),
+            )
+        sections = [*given, 0, 0, 0][:4]
     if arch in NORM or (arch in MAYBE_MROPE and not MAYBE_MROPE[arch]):
         neox = False
-    elif arch in NEOX or arch in MAYBE_MROPE:
+    elif arch in NEOX or arch in MAYBE_MROPE or arch in MROPE:
         neox = True
     else:
         raise PreRopeError(f"pre_rope: {arch} uses no RoPE kvfast knows of", field="general.architecture")
+    neox = neox or any(sections)  # M-RoPE pairs halves
     n_dims = int(_number(meta, k("rope.dimension_count"), head_dim_k))
     if n_dims % 2 or not 0 < n_dims <= head_dim_k:
         raise PreRopeError(
@@ -289,6 +303,8 @@ def model_rope(path: str | os.PathLike[str], head_dim_k: int) -> dict[str, Any]:
         "beta_fast": _number(meta, k("rope.scaling.yarn_beta_fast"), 32.0),
         "beta_slow": _number(meta, k("rope.scaling.yarn_beta_slow"), 1.0),
         "n_ctx_orig": int(n_ctx),
+        "sections": sections,
+        "imrope": arch in IMROPE,
     }
     glob = {**common, "freq_base": base, "freq_scale": freq_scale, "ext_factor": ext, "attn_factor": attn}
     swa_base = _number(meta, k("rope.freq_base_swa"), base if arch in SWA_BASE_IS_GLOBAL else 10000.0)

@@ -27,6 +27,10 @@ pub struct Rope {
     pub beta_slow: f32,
     /// The context length the model was trained at (YaRN's correction dimensions).
     pub n_ctx_orig: u32,
+    /// M-RoPE: dimension pairs per section (time, height, width, extra); all 0: plain RoPE.
+    pub sections: [u32; 4],
+    /// Interleaved M-RoPE (Qwen3-VL, Qwen3.5) rather than sections in a row (Qwen2-VL).
+    pub imrope: bool,
 }
 
 /// Parameters read from a model are never NaN: equality is an equivalence on them.
@@ -46,6 +50,38 @@ impl Rope {
             beta_fast: 32.0,
             beta_slow: 1.0,
             n_ctx_orig: 0,
+            sections: [0; 4],
+            imrope: false,
+        }
+    }
+
+    /// The angle's base position of dimension pair `i` under M-RoPE (ggml_mrope_cache_init, not
+    /// vision): positions [time, height, width, extra].
+    fn section_pos(&self, i: usize, p: [f32; 4]) -> f32 {
+        let s = self.sections.map(|v| v as usize);
+        let total: usize = s.iter().sum();
+        if total == 0 {
+            return p[0];
+        }
+        let sector = i % total;
+        if self.imrope {
+            if sector % 3 == 1 && sector < 3 * s[1] {
+                p[1]
+            } else if sector % 3 == 2 && sector < 3 * s[2] {
+                p[2]
+            } else if sector % 3 == 0 && sector < 3 * s[0] {
+                p[0]
+            } else {
+                p[3]
+            }
+        } else if sector >= s[0] && sector < s[0] + s[1] {
+            p[1]
+        } else if sector >= s[0] + s[1] && sector < s[0] + s[1] + s[2] {
+            p[2]
+        } else if sector >= s[0] + s[1] + s[2] {
+            p[3]
+        } else {
+            p[0]
         }
     }
 
@@ -64,11 +100,18 @@ impl Rope {
     /// (cos, sin) of each dimension pair at position `pos`, scaled by the magnitude, as
     /// ggml_rope_cache_init computes them.
     pub fn cache(&self, pos: i32) -> Vec<(f32, f32)> {
+        let p = pos as f32;
+        self.cache_at([p, p, p, p])
+    }
+
+    /// The same at M-RoPE positions [time, height, width, extra] (all the position for text).
+    pub fn cache_at(&self, pos: [f32; 4]) -> Vec<(f32, f32)> {
         let theta_scale = self.freq_base.powf(-2.0 / self.n_dims as f32);
         let corr = self.corr_dims();
-        let mut theta = pos as f32;
+        let mut thetas = pos;
         let mut out = Vec::with_capacity(self.n_dims / 2);
         for i0 in (0..self.n_dims).step_by(2) {
+            let theta = self.section_pos(i0 / 2, thetas);
             let interp = self.freq_scale * theta;
             let (mut t, mut mscale) = (interp, self.attn_factor);
             if self.ext_factor != 0.0 {
@@ -78,18 +121,26 @@ impl Rope {
                 mscale *= 1.0 + 0.1 * (1.0 / self.freq_scale).ln();
             }
             out.push((t.cos() * mscale, t.sin() * mscale));
-            theta *= theta_scale;
+            for v in thetas.iter_mut() {
+                *v *= theta_scale;
+            }
         }
         out
     }
 
     /// Undo the rope of one row of heads of `head_dim` values each, at position `pos`.
     pub fn undo(&self, row: &mut [f32], head_dim: usize, pos: i32) {
+        let p = pos as f32;
+        self.undo_at(row, head_dim, [p, p, p, p]);
+    }
+
+    /// Undo the rope at M-RoPE positions [time, height, width, extra].
+    pub fn undo_at(&self, row: &mut [f32], head_dim: usize, pos: [f32; 4]) {
         let n = self.n_dims.min(head_dim) & !1;
         if n == 0 || head_dim == 0 {
             return;
         }
-        let cache = self.cache(pos);
+        let cache = self.cache_at(pos);
         for head in row.chunks_exact_mut(head_dim) {
             for (i, &(c, s)) in cache.iter().enumerate().take(n / 2) {
                 let (a, b) = if self.neox {
@@ -134,6 +185,8 @@ impl Rope {
 pub struct CellRope<'a> {
     pub rope: Rope,
     pub pos: &'a [i32],
+    /// The cells' extensions (x, y, token) and their width, for M-RoPE's height and width.
+    pub ext: Option<(&'a [i32], usize)>,
 }
 
 impl CellRope<'_> {
@@ -144,9 +197,32 @@ impl CellRope<'_> {
             return;
         }
         for (i, row) in out.chunks_exact_mut(n_embd).enumerate() {
-            if let Some(&p) = self.pos.get(c0 + i) {
-                self.rope.undo(row, self.rope.head_dim, p);
-            }
+            let c = c0 + i;
+            let Some(&p) = self.pos.get(c) else {
+                continue;
+            };
+            let t = p as f32;
+            // llama.cpp keeps x (width) and y (height) in the extension; a text cell has both at
+            // its position, and the extra section the position too
+            let (w, h) = match self.ext {
+                Some((e, width)) if width >= 2 => (
+                    e.get(c * width).map_or(t, |v| *v as f32),
+                    e.get(c * width + 1).map_or(t, |v| *v as f32),
+                ),
+                _ => (t, t),
+            };
+            self.rope.undo_at(row, self.rope.head_dim, [t, h, w, t]);
+        }
+    }
+}
+
+impl<'a> CellRope<'a> {
+    /// The undoing of `rope` over the cells of `stream` (positions and extensions).
+    pub fn of(rope: Rope, stream: &'a crate::layout::Stream) -> Self {
+        CellRope {
+            rope,
+            pos: &stream.pos,
+            ext: stream.ext.as_deref().map(|e| (e, stream.ext_width)),
         }
     }
 }
@@ -213,6 +289,29 @@ mod tests {
         assert_eq!(x[4..8], row()[4..8]);
         assert_eq!(x[12..16], row()[12..16]);
         assert_ne!(x[0..4], row()[0..4]);
+    }
+
+    #[test]
+    fn m_rope_of_a_text_cell_is_neox_and_heights_and_widths_turn_their_sections() {
+        for imrope in [false, true] {
+            let m = Rope {
+                sections: [1, 1, 1, 0],
+                imrope,
+                ..Rope::plain(8, 10000.0, true)
+            };
+            let plain = Rope::plain(8, 10000.0, true);
+            assert_eq!(m.cache(7), plain.cache(7));
+            let at = m.cache_at([7.0, 3.0, 5.0, 7.0]);
+            // pair 0: time; pair 1: height; pair 2: width; pair 3 (sector 0 again): time
+            let theta = |p: f32, i: i32| p * 10000f32.powf(-2.0 * i as f32 / 8.0);
+            let want = [theta(7.0, 0), theta(3.0, 1), theta(5.0, 2), theta(7.0, 3)];
+            for (i, (c, _)) in at.iter().enumerate() {
+                assert!((c - want[i].cos()).abs() < 1e-5, "{imrope} {i}");
+            }
+            let mut x = row();
+            m.apply(&mut x, 8, 0); // position 0: identity
+            assert_eq!(x, row());
+        }
     }
 
     #[test]

@@ -106,10 +106,7 @@ impl<'a> Job<'a> {
 
     /// The per-cell RoPE undoing of this job's rows (None: as stored).
     pub fn cell_rope(&self) -> Option<CellRope<'a>> {
-        self.rope.map(|rope| CellRope {
-            rope,
-            pos: &self.stream.pos,
-        })
+        self.rope.map(|rope| CellRope::of(rope, self.stream))
     }
 
     pub fn n_heads(&self) -> usize {

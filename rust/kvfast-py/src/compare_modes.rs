@@ -64,10 +64,8 @@ pub fn compare_positions(
                             .map_or(0, |g| g[job.kind.index()]),
                     )
                     .with_rope(
-                        rope_of(&rope_b, job.cache, job.layer, job.kind).map(|rope| CellRope {
-                            rope,
-                            pos: &s_b.pos,
-                        }),
+                        rope_of(&rope_b, job.cache, job.layer, job.kind)
+                            .map(|rope| CellRope::of(rope, s_b)),
                     );
                 let stats = compare_rows(&va, &vb, &part.cells, job.head_dim);
                 for (i, st) in stats.iter().enumerate() {

@@ -22,6 +22,8 @@ pub struct RopeArgs {
     beta_fast: f32,
     beta_slow: f32,
     n_ctx_orig: u32,
+    sections: [u32; 4],
+    imrope: bool,
 }
 
 fn bad(msg: String) -> Error {
@@ -77,6 +79,8 @@ pub fn rope_spec(sf: &StateFile, spec: Vec<Vec<Option<RopeArgs>>>) -> Result<Rop
                 beta_fast: r.beta_fast,
                 beta_slow: r.beta_slow,
                 n_ctx_orig: r.n_ctx_orig,
+                sections: r.sections,
+                imrope: r.imrope,
             }));
         }
         out.push(row);

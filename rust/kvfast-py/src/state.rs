@@ -447,9 +447,9 @@ impl State {
                 .map_or(0, |g| g[kind.index()])
         };
         let spec = if stored { vec![] } else { self.rope_spec() };
-        let pos = &sf.layout.caches[cache].streams[stream].pos;
+        let st = &sf.layout.caches[cache].streams[stream];
         let rope =
-            rope_of(&spec, cache as u32, layer as u32, kind).map(|rope| CellRope { rope, pos });
+            rope_of(&spec, cache as u32, layer as u32, kind).map(|rope| CellRope::of(rope, st));
         let r = py.detach(|| record_rows(&sf, &rec, cells, dtype, rot, rope));
         let name = if r.out == Out::F16 {
             "float16"
