@@ -187,3 +187,16 @@ def test_a_k_pe_arch_with_v_is_refused_too(tmp_path: Path) -> None:
     with pytest.raises(PreRopeError, match="ropes the last 64 of 192") as e:
         model_rope(path, 192)
     assert e.value.field == "deepseek2.rope.dimension_count"
+
+
+def test_pictures_draw_keys_before_rope() -> None:
+    pytest.importorskip("matplotlib")
+    from kvfast import plot
+
+    pre = kvfast.open(SHARED, model=QWEN3, pre_rope=True)
+    fig = plot.heatmap(pre, 0, "k")
+    assert "before RoPE" in fig.texts[0].get_text()
+    image = next(ax for ax in fig.axes if ax.get_images()).get_images()[0].get_array()
+    assert np.allclose(np.asarray(image), np.abs(pre.values(layer=0, kind="k")))
+    roped = plot.heatmap(kvfast.open(SHARED, model=QWEN3), 0, "k")
+    assert "before RoPE" not in roped.texts[0].get_text()

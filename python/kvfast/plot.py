@@ -155,6 +155,8 @@ def heatmap(
     _token_ticks(axes[0], d, cache, start, stop)
     undone = any(r.undone for r in d.rotation if r.cache == cache and r.kind == kind)
     basis = f"{rec.type}, Hadamard rotation undone" if undone else rec.type
+    if kind == "k" and getattr(d, "pre_rope", False):
+        basis += ", before RoPE"
     fig.suptitle(f"{os.path.basename(d.path)}: |value| ({basis})", fontsize=10)
     if im is not None:
         bar = fig.colorbar(im, ax=list(axes), extend="max" if clip is not None else "neither")
