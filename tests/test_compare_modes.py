@@ -96,3 +96,24 @@ def test_cli_diff_match_and_token_warning() -> None:
     out = subprocess.run(run, check=False, capture_output=True, text=True)
     assert out.returncode != 0
     assert "match='position'" in out.stderr
+
+
+def test_probe_states_of_one_batch(tmp_path: Path) -> None:
+    """The issue's case: two prompts of one probe batch are sequences 0 and 1."""
+    pytest.importorskip("llama_cpp")
+    from kvfast import probe
+
+    prompts = [{"id": "p0", "tokens": [7, 8, 9, 10, 11]}, {"id": "p1", "tokens": [7, 8, 9, 40, 41, 42]}]
+    out = tmp_path / "probe"
+    model = Path(__file__).parent / "data" / "models" / "tiny-qwen3.gguf"
+    probe.run(model, prompts, out, parallel=2, n_ctx=64, progress=False)
+    p0, p1 = kvfast.open(out / "p0.ggsq"), kvfast.open(out / "p1.ggsq")
+    with pytest.raises(kvfast.MatchError, match="match='position'"):
+        kvfast.compare(p0, p1)
+    same = kvfast.compare(p0, p1, match="tokens")
+    assert sorted(same["pos"].unique()) == [0, 1, 2]
+    assert same["rel"].max() < 1e-3
+    with pytest.warns(kvfast.TokenMismatchWarning, match="2 positions .first: 3."):
+        kvfast.compare(p0, p1, match="position")
+    many = kvfast.compare_scan(p0, out, match="tokens").collect()
+    assert many["dump"].n_unique() == 2 and many["rel_max"].max() < 1e-3
