@@ -434,7 +434,8 @@ class Dump:
         f16 and f32 rows that are not transposed come back as read-only views of the memory map where
         the file offset is aligned for the type (a copy otherwise); bf16 and quantized rows are decoded
         to float32 in Rust, in parallel, with the GIL released. ``dtype='float32'`` decodes everything.
-        Values are in the model's basis (see :attr:`rotation`); ``stored=True`` gives them as stored.
+        Values are in the model's basis (see :attr:`rotation`), K before RoPE when opened with
+        ``pre_rope=True`` (float32); ``stored=True`` gives them as stored.
         ``stream=None`` takes the first stream that holds cells.
         """
         state = self._live()
