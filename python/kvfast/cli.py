@@ -13,7 +13,7 @@ from typing import Any
 import polars as pl
 
 import kvfast
-from kvfast import cli_views, ggml, memory
+from kvfast import cli_views, cli_write, ggml, memory
 from kvfast.cli_args import BROKEN_PIPE, USAGE, non_negative_int
 from kvfast.dump import Dump
 
@@ -359,6 +359,7 @@ def _parser() -> argparse.ArgumentParser:
     man.set_defaults(run=_cmd_manifest)
 
     cli_views.register(sub)
+    cli_write.register(sub)
 
     pr = sub.add_parser(
         "probe",

@@ -72,8 +72,9 @@ def _target_group(d: Dump, cache: int, kind: str, ty: str, rotate: bool) -> int:
         raise WriteError(
             f"cache_type_{kind}",
             f"llama.cpp stores a {ty} cache rotated when its head size is a multiple of 64, and "
-            "the state does not say its head size: open it with model= (or head_dim=), or pass "
-            "rotate=False for a llama.cpp run with LLAMA_ATTN_ROT_DISABLE=1",
+            "the state does not say its head size: open it with model= (or head_dim=; --model on the "
+            "command line), or pass rotate=False (--no-rotate) for a llama.cpp run with "
+            "LLAMA_ATTN_ROT_DISABLE=1",
         )
     return int(_kvfast.rotation_group(kind, ty, head) or 0)
 
@@ -244,7 +245,7 @@ def write(
             raise WriteError(
                 "arch",
                 "a whole state starts with the model's architecture name, and this sequence state has "
-                "none: open it with model= or pass arch=",
+                "none: open it with model= or pass arch= (--model / --arch on the command line)",
             )
     ext_tokens = first.tokens.tolist() if first.tokens is not None and len(sources) == 1 else None
     header_seq = None if container is None or seq_id is None or not isinstance(seq_id, int) else seq_id

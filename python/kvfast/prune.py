@@ -1,0 +1,40 @@
+"""Keep masks of the usual pruning rules, as Polars expressions over :func:`kvfast.write_cells.cells`
+for :func:`kvfast.write`'s ``keep=``: drop a share of the cells by a score (the key norm, as
+KnormPress does: the keys of largest L2 norm draw the least attention), always keeping the first
+``sinks`` positions (attention sinks) and the last ``window`` (StreamingLLM's recent window; at
+least the last one, so that llama.cpp goes on from the position the source ended at).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import polars as pl
+
+GROUP = ["cache", "stream"]
+
+
+def protected(sinks: int = 0, window: int = 1) -> pl.Expr:
+    """The cells always kept: positions below ``sinks`` and the last ``window`` positions of each
+    cache's stream."""
+    last = pl.col("pos").max().over(GROUP)
+    return (pl.col("pos") < sinks) | (pl.col("pos") > last - window)
+
+
+def by_score(
+    ratio: float,
+    score: str = "k_l2",
+    drop: Literal["highest", "lowest"] = "highest",
+    sinks: int = 0,
+    window: int = 1,
+) -> pl.Expr:
+    """Keep all but ``ratio`` of the unprotected cells of each cache's stream, dropping those of
+    the ``drop`` scores (``score``: a column of :func:`kvfast.write_cells.cells`, e.g. ``k_l2``).
+    ``ratio=1`` keeps the sinks and the window alone (StreamingLLM)."""
+    if not 0 <= ratio <= 1:
+        raise ValueError(f"ratio must be in [0, 1], not {ratio}")
+    prot = protected(sinks, window)
+    s = pl.when(prot).then(None).otherwise(pl.col(score))
+    rank = s.rank("ordinal", descending=drop == "highest").over(GROUP)
+    n_drop = (s.count().over(GROUP) * ratio).floor()
+    return prot | (rank > n_drop)
