@@ -12,6 +12,7 @@ from typing import Literal
 import polars as pl
 
 GROUP = ["cache", "stream"]
+TOKEN = ["stream", "pos", "seq_ids"]
 
 
 def protected(sinks: int = 0, window: int = 1) -> pl.Expr:
@@ -28,13 +29,20 @@ def by_score(
     sinks: int = 0,
     window: int = 1,
 ) -> pl.Expr:
-    """Keep all but ``ratio`` of the unprotected cells of each cache's stream, dropping those of
-    the ``drop`` scores (``score``: a column of :func:`kvfast.write_cells.cells`, e.g. ``k_l2``).
-    ``ratio=1`` keeps the sinks and the window alone (StreamingLLM)."""
+    """Keep all but ``ratio`` of the unprotected tokens of each stream, dropping those of the
+    ``drop`` scores (``score``: a column of :func:`kvfast.write_cells.cells`, e.g. ``k_l2``).
+
+    A token's score is the mean of its cells' over the attention caches that hold it (an iSWA
+    model keeps a token in both of its caches); the tokens are ranked in the first cache that has
+    scores (the full-attention one, which holds every token), and :func:`kvfast.write` drops each
+    token from every cache holding it. ``ratio=1`` keeps the sinks and the window alone
+    (StreamingLLM)."""
     if not 0 <= ratio <= 1:
         raise ValueError(f"ratio must be in [0, 1], not {ratio}")
     prot = protected(sinks, window)
-    s = pl.when(prot).then(None).otherwise(pl.col(score))
+    decider = pl.col("cache") == pl.col("cache").filter(pl.col(score).is_not_null()).min()
+    free = decider & ~prot
+    s = pl.when(free).then(pl.col(score).mean().over(TOKEN)).otherwise(None)
     rank = s.rank("ordinal", descending=drop == "highest").over(GROUP)
     n_drop = (s.count().over(GROUP) * ratio).floor()
-    return prot | (rank > n_drop)
+    return ~free | (rank > n_drop)
