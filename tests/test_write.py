@@ -268,3 +268,20 @@ def test_sequences_rename_extract_and_join(tmp_path: Path) -> None:
         assert j.container == "state" and j.arch == "qwen3"
         assert s.cell_count == 9 + 15 and s.sequences == [0, 1]
         np.testing.assert_array_equal(j.values(1, "v")[9:], b.values(1, "v"))
+
+
+def test_bad_arguments_are_write_errors(tmp_path: Path) -> None:
+    with kvfast.open(DATA / "qwen3tiny-f16-fa/seq-0.ggsq") as d:
+        for kw, field in (
+            ({"container": "gguf"}, "container"),
+            ({"container": "ggsq", "version": 4}, "version"),
+            ({"container": "seq", "version": 3}, "version"),
+            ({"seq_id": 256}, "seq_id"),
+            ({"seq_map": {0: -1}}, "seq_id"),
+            ({"cache_type_k": "q4_k"}, "cache_type_k"),
+            ({"values": {(0, "r"): np.zeros((7, 64))}}, "values"),
+        ):
+            with pytest.raises(kvfast.WriteError) as e:
+                kvfast.write(d, tmp_path / "x", **kw)  # type: ignore[arg-type]
+            assert e.value.field == field and e.value.kind == "write"
+    assert not list(tmp_path.iterdir())

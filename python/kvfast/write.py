@@ -28,6 +28,8 @@ Container = Literal["seq", "ggsq", "ggsn", "state"]
 SEQUENCE = ("seq", "ggsq")
 #: The versions llama-cpp-python 0.3.36's llama.cpp reads back (what ``version=None`` writes).
 NEWEST = {"ggsq": 3, "ggsn": 10}
+VERSIONS = {("ggsq", 2), ("ggsq", 3), ("ggsn", 9), ("ggsn", 10)}
+MAX_SEQ = 256
 
 
 def _sequences(d: Dump) -> list[int]:
@@ -193,6 +195,17 @@ def write(
         raise WriteError("container", f"'seq', 'ggsq', 'ggsn' or 'state', not {target!r}")
     if seq_id is not None and not isinstance(seq_id, int) and len(seq_id) != len(sources):
         raise WriteError("seq_id", f"one sequence per source ({len(sources)}), not {len(seq_id)}")
+    ids = [] if seq_id is None else [seq_id] if isinstance(seq_id, int) else list(seq_id)
+    for new_id in [*ids, *(seq_map or {}).values()]:
+        if not isinstance(new_id, (int, np.integer)) or not 0 <= new_id < MAX_SEQ:
+            raise WriteError(
+                "seq_id", f"sequence ids 0 to {MAX_SEQ - 1} (llama.cpp's LLAMA_MAX_SEQ), not {new_id!r}"
+            )
+    if version is not None and (target, version) not in VERSIONS:
+        raise WriteError(
+            "version",
+            f"GGSQ 2 or 3, GGSN 9 (without outputs) or 10; raw bytes have none, not {target} {version}",
+        )
     edits = []
     token_words: list[int] | None = None
     joined: list[int] = []
@@ -248,7 +261,6 @@ def write(
                 "none: open it with model= or pass arch= (--model / --arch on the command line)",
             )
     ext_tokens = first.tokens.tolist() if first.tokens is not None and len(sources) == 1 else None
-    header_seq = None if container is None or seq_id is None or not isinstance(seq_id, int) else seq_id
     return int(
         _kvfast.write_state(
             [d._live() for d in sources],
@@ -257,7 +269,8 @@ def write(
             {
                 "container": container,
                 "version": version if container is not None else None,
-                "seq_id": header_seq if target == "seq" else None,
+                # the io header's sequence (else the sequence's own: renamed, taken alone, or the cells')
+                "seq_id": seq_id if isinstance(seq_id, int) and target == "seq" else None,
                 "arch": whole_arch,
                 "token_words": token_words,
                 "ext_tokens": ext_tokens,

@@ -166,14 +166,26 @@ pub fn write_state(
         if let Some(words) = target.token_words {
             p.token_words = Some(words);
         }
-        let bytes = p.to_bytes()?;
         let tmp = path.with_extension("kvfast-tmp");
         let io = |source| kvfast_core::Error::File {
             path: path.clone(),
             source,
         };
-        std::fs::write(&tmp, &bytes).map_err(io)?;
+        let file = std::fs::File::create(&tmp).map_err(io)?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+        let written = p.write_to(&mut w).and_then(|()| {
+            let f = w.into_inner().map_err(|e| e.into_error())?;
+            f.sync_all()?;
+            Ok(f.metadata()?.len())
+        });
+        let n = match written {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e.into());
+            }
+        };
         std::fs::rename(&tmp, &path).map_err(io)?;
-        Ok(bytes.len() as u64)
+        Ok(n)
     })
 }
