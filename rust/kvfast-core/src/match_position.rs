@@ -2,11 +2,10 @@
 //! sequences (two prompts of one probe batch, sequences 0 and 1) compare position for position,
 //! optionally only below a position (the aligned common token prefix).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use crate::layout::{Cache, Stream};
-use crate::matching::{Matched, Mismatch};
-use crate::select::cell_seq_pairs;
+use crate::matching::{match_with, Matched, Mismatch};
 
 /// Where each position of one cache of B lives: (stream, cell), whatever its sequences. A position
 /// held by several cells (several sequences, M-RoPE image tokens) maps to the last of them.
@@ -34,36 +33,9 @@ pub fn match_positions(
     b: &PositionIndex,
     below: Option<i32>,
 ) -> Result<Vec<Matched>, Mismatch> {
-    let mut by_stream: BTreeMap<usize, Matched> = BTreeMap::new();
-    let mut missing = vec![];
-    for (c, q) in cell_seq_pairs(stream, seq_default, i32::MIN) {
-        let pos = stream.pos[c];
-        if below.is_some_and(|n| pos >= n) {
-            continue;
-        }
-        match b.0.get(&pos) {
-            Some(&(si, cb)) => {
-                let m = by_stream.entry(si).or_insert_with(|| Matched {
-                    stream: si,
-                    cells: vec![],
-                    seqs: vec![],
-                });
-                m.cells.push((c, cb));
-                m.seqs.push(q);
-            }
-            None => missing.push((q, pos)),
-        }
-    }
-    if let Some(&(seq, pos)) = missing.first() {
-        return Err(Mismatch::Cells {
-            missing: missing.len(),
-            cache,
-            stream: stream.index,
-            seq,
-            pos,
-        });
-    }
-    Ok(by_stream.into_values().collect())
+    match_with(cache, stream, seq_default, below, |_, pos| {
+        b.0.get(&pos).copied()
+    })
 }
 
 #[cfg(test)]

@@ -130,11 +130,27 @@ pub fn match_cells(
     seq_default: Option<i32>,
     b: &CellIndex,
 ) -> Result<Vec<Matched>, Mismatch> {
+    match_with(cache, stream, seq_default, None, |q, pos| b.get(q, pos))
+}
+
+/// Match every (cell, sequence) of A's `stream` whose position is below `below` (all when None)
+/// to the (stream, cell) of B that `find` gives for its (sequence, position), grouped by B's stream
+/// in stream order; fails naming the first pair B lacks.
+pub(crate) fn match_with(
+    cache: u32,
+    stream: &Stream,
+    seq_default: Option<i32>,
+    below: Option<i32>,
+    find: impl Fn(Option<i32>, i32) -> Option<(usize, usize)>,
+) -> Result<Vec<Matched>, Mismatch> {
     let mut by_stream: BTreeMap<usize, Matched> = BTreeMap::new();
     let mut missing = vec![];
     for (c, q) in cell_seq_pairs(stream, seq_default, i32::MIN) {
         let pos = stream.pos[c];
-        match b.get(q, pos) {
+        if below.is_some_and(|n| pos >= n) {
+            continue;
+        }
+        match find(q, pos) {
             Some((si, cb)) => {
                 let m = by_stream.entry(si).or_insert_with(|| Matched {
                     stream: si,

@@ -2,7 +2,8 @@
 
 use std::collections::HashMap;
 
-use kvfast_core::matching::{check_geometry, match_cells, CellIndex};
+use kvfast_core::match_position::{match_positions, PositionIndex};
+use kvfast_core::matching::{check_geometry, match_cells, CellIndex, Matched, Mismatch};
 use kvfast_core::quantize::quantize_row;
 use kvfast_core::rope::{rope_of, CellRope};
 use kvfast_core::round_trip::RoundTrip;
@@ -12,7 +13,7 @@ use kvfast_core::stats::{
     CellStats, LossSums, Moments,
 };
 use kvfast_core::view::RecordView;
-use kvfast_core::{GgmlType, Kind, StateFile};
+use kvfast_core::{Cache, GgmlType, Kind, StateFile, Stream};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -427,6 +428,52 @@ pub fn quantize<'py>(
 /// Errors of `b` against `a`, cells matched by (sequence, position) (kvfast-core's `matching`).
 #[pyfunction]
 pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> Result<ArrowStream> {
+    compare_matched(py, a, b, sel, Match::Sequence)
+}
+
+/// How `compare_matched` pairs A's cells with B's.
+pub(crate) enum Match {
+    /// By (sequence, position).
+    Sequence,
+    /// By position alone, only A's cells below the position when given.
+    Position(Option<i32>),
+}
+
+/// B's cells of one cache, indexed the way `Match` pairs them.
+enum Index {
+    Cells(CellIndex),
+    Positions(PositionIndex, Option<i32>),
+}
+
+impl Index {
+    fn new(how: &Match, cache: &Cache, seq_default: Option<i32>) -> Self {
+        match how {
+            Match::Sequence => Index::Cells(CellIndex::new(cache, seq_default)),
+            Match::Position(below) => Index::Positions(PositionIndex::new(cache), *below),
+        }
+    }
+
+    fn matched(
+        &self,
+        cache: u32,
+        stream: &Stream,
+        seq_default: Option<i32>,
+    ) -> std::result::Result<Vec<Matched>, Mismatch> {
+        match self {
+            Index::Cells(ib) => match_cells(cache, stream, seq_default, ib),
+            Index::Positions(ib, below) => match_positions(cache, stream, seq_default, ib, *below),
+        }
+    }
+}
+
+/// Errors of `b` against `a`, cells paired as `how` says: the columns of `compare`.
+pub(crate) fn compare_matched(
+    py: Python<'_>,
+    a: &State,
+    b: &State,
+    sel: Select,
+    how: Match,
+) -> Result<ArrowStream> {
     let (sa, sb) = (a.get()?, b.get()?);
     let pass = sel.pass(a)?;
     let rot_b = b.rotation_groups();
@@ -437,13 +484,13 @@ pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> Result<Arro
         let mut idx: [Vec<i32>; 5] = Default::default();
         let (mut ml, mut kinds, mut seqs) = (vec![], vec![], vec![]);
         let mut cols: [Vec<f64>; 4] = Default::default();
-        let mut index_b: HashMap<u32, CellIndex> = HashMap::new();
+        let mut index_b: HashMap<u32, Index> = HashMap::new();
         for job in jobs(&sa.layout, &pass.sel)? {
             let cb = &sb.layout.caches[job.cache as usize];
             let ib = index_b
                 .entry(job.cache)
-                .or_insert_with(|| CellIndex::new(cb, sb.layout.own_seq()));
-            let matched = match_cells(job.cache, job.stream, sa.layout.own_seq(), ib)?;
+                .or_insert_with(|| Index::new(&how, cb, sb.layout.own_seq()));
+            let matched = ib.matched(job.cache, job.stream, sa.layout.own_seq())?;
             let va = job.view(sa.bytes());
             let nh = job.n_heads();
             let m = pass.model_layer(&sa, &job);
