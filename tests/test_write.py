@@ -285,3 +285,25 @@ def test_bad_arguments_are_write_errors(tmp_path: Path) -> None:
                 kvfast.write(d, tmp_path / "x", **kw)  # type: ignore[arg-type]
             assert e.value.field == field and e.value.kind == "write"
     assert not list(tmp_path.iterdir())
+
+
+def test_v_trans_turns_transposed_v_into_rows_and_back(tmp_path: Path) -> None:
+    """A state written without flash attention (V transposed) as one with it: llama.cpp's own bytes
+    of the same prompt with flash attention, but for the values (computed otherwise); and back."""
+    nofa, fa = DATA / "qwen3tiny-f16-nofa/seq-0.ggsq", DATA / "qwen3tiny-f16-fa/seq-0.ggsq"
+    with kvfast.open(nofa) as d:
+        kvfast.write(d, tmp_path / "rows", v_trans=False)
+        kvfast.write(d, tmp_path / "q", v_trans=False, cache_type_v="q8_0", rotate=False)
+        with pytest.raises(kvfast.WriteError, match="transposed"):
+            kvfast.write(d, tmp_path / "x", cache_type_v="q8_0")
+        with kvfast.open(tmp_path / "rows") as e, kvfast.open(fa) as ref:
+            assert not e.caches[0].streams[0].v_trans and e.size == ref.size
+            np.testing.assert_array_equal(e.values(1, "v"), d.values(1, "v"))
+            assert e.layout()["nbytes"].to_list() == ref.layout()["nbytes"].to_list()
+            kvfast.write(e, tmp_path / "back", v_trans=True)
+    assert (tmp_path / "back").read_bytes() == nofa.read_bytes()
+    with (
+        open_state(DATA / "qwen3tiny-q8_0-fa/seq-0.ggsq") as q,
+        pytest.raises(kvfast.WriteError, match="transposed"),
+    ):
+        kvfast.write(q, tmp_path / "x", v_trans=True)

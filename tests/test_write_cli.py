@@ -88,3 +88,12 @@ def test_convert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # quantized types need the head size (the rotation)
     assert main(["convert", str(src), "-o", str(tmp_path / "y"), "--ctk", "q8_0"]) == 1
     assert "--no-rotate" in capsys.readouterr().err
+
+
+def test_convert_to_flash_attention(tmp_path: Path) -> None:
+    out = tmp_path / "fa.ggsq"
+    src = DATA / "qwen3tiny-f16-nofa/seq-0.ggsq"
+    assert main(["convert", str(src), "-o", str(out), "--fa", "on", "--ctv", "q8_0", "--model", QWEN3]) == 0
+    with kvfast.open(out, model=QWEN3) as e:
+        s = e.caches[0].streams[0]
+        assert not s.v_trans and s.layers[0].v_type == "q8_0"

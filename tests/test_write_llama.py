@@ -23,7 +23,7 @@ import kvfast
 
 if not os.environ.get("KVFAST_REQUIRE_PROBE"):
     pytest.importorskip("llama_cpp")
-from kvfast.replay import Replay
+from kvfast.replay import LoadError, Replay
 
 MODELS = DATA / "models"
 QWEN3, HD128 = MODELS / "tiny-qwen3.gguf", MODELS / "tiny-qwen3-hd128.gguf"
@@ -274,3 +274,25 @@ def test_gemma3_iswa_states(tmp_path: Path) -> None:
         plain = next_logits(r, tmp_path / "u.ggsq", len(toks))
         assert rel(rotated, native) < rel(plain, native)
         assert rotated.argmax() == native.argmax()
+
+
+def test_a_state_without_flash_attention_loads_into_one_with_it(tmp_path: Path) -> None:
+    """V transposed (flash attention off) written per cell loads into a flash-attention context,
+    where llama.cpp refuses the original, and goes on as llama.cpp's own flash-attention cache of
+    the prompt does (the same next token; logits within float error); requantized to q8_0 too."""
+    with Replay(HD128, ctk="f16", fa=False) as r:
+        r.prompt(PROMPT)
+        r.save(tmp_path / "nofa.ggsq", "seq_file", tokens=PROMPT)
+    with opened(tmp_path / "nofa.ggsq", HD128) as d:
+        kvfast.write(d, tmp_path / "fa.ggsq", v_trans=False)
+        kvfast.write(d, tmp_path / "q8.ggsq", v_trans=False, cache_type_k="q8_0", cache_type_v="q8_0")
+    with Replay(HD128, ctk="f16", fa=True) as r:
+        r.prompt(PROMPT)
+        ref = r.step(NEXT, len(PROMPT))
+        r.clear()
+        with pytest.raises(LoadError, match="refused"):
+            r.load(tmp_path / "nofa.ggsq")
+        got = next_logits(r, tmp_path / "fa.ggsq", len(PROMPT))
+        assert got.argmax() == ref.argmax() and rel(got, ref) < 1e-2
+    with Replay(HD128, ctk="q8_0", fa=True) as r:
+        assert np.isfinite(next_logits(r, tmp_path / "q8.ggsq", len(PROMPT))).all()

@@ -34,6 +34,7 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
         "cache_type_k": args.ctk,
         "cache_type_v": args.ctv,
         "rotate": not args.no_rotate,
+        "v_trans": None if args.fa is None else args.fa == "off",
     }
 
 
@@ -71,6 +72,12 @@ def _options(p: argparse.ArgumentParser) -> None:
         "--no-rotate",
         action="store_true",
         help="store quantized types unrotated (for llama.cpp run with LLAMA_ATTN_ROT_DISABLE=1)",
+    )
+    p.add_argument(
+        "--fa",
+        choices=["on", "off"],
+        help="V as llama.cpp keeps it with flash attention on (a row per cell) or off (transposed);"
+        " llama.cpp loads a state only into a context of the same; default: the source's",
     )
     p.add_argument(
         "--seq", type=non_negative_int, help="the sequence to write (from a whole state) or its new id"

@@ -81,7 +81,9 @@ def _target_group(d: Dump, cache: int, kind: str, ty: str, rotate: bool) -> int:
     return int(_kvfast.rotation_group(kind, ty, head) or 0)
 
 
-def _retype(d: Dump, types: dict[str, str | None], rotate: bool) -> tuple[list[Any], list[list[int]]]:
+def _retype(
+    d: Dump, types: dict[str, str | None], rotate: bool, v_trans: bool | None
+) -> tuple[list[Any], list[list[int]]]:
     """The retypings of every attention cache, and the group each (cache, kind) ends stored in."""
     out: list[Any] = []
     final = [[_stored_group(d, ci, k) for k in ("k", "v")] for ci in range(len(d.caches))]
@@ -95,11 +97,13 @@ def _retype(d: Dump, types: dict[str, str | None], rotate: bool) -> tuple[list[A
             if not have:
                 continue
             for s in c.streams:
-                if kind == "v" and s.v_trans and TYPES[ty].block_len != 1:
+                transposed = s.v_trans if v_trans is None else v_trans
+                if kind == "v" and transposed and TYPES[ty].block_len != 1:
                     raise WriteError(
                         "cache_type_v",
                         f"cache {ci}'s V is transposed (written without flash attention): it holds "
-                        f"f32, f16 or bf16 only, and llama.cpp keeps a {ty} V only with flash attention",
+                        f"f32, f16 or bf16 only, and llama.cpp keeps a {ty} V only with flash "
+                        "attention (v_trans=False stores V per cell, as flash attention does)",
                     )
             frm = _stored_group(d, ci, kind)
             to = _target_group(d, ci, kind, ty, rotate)
@@ -152,6 +156,7 @@ def write(
     cache_type_k: str | None = None,
     cache_type_v: str | None = None,
     rotate: bool = True,
+    v_trans: bool | None = None,
     values: Mapping[tuple[Any, ...], npt.ArrayLike] | None = None,
     seq_id: int | Sequence[int] | None = None,
     seq_map: Mapping[int, int] | None = None,
@@ -174,6 +179,9 @@ def write(
     - ``cache_type_k`` / ``cache_type_v``: requantize every attention cache with ggml's reference
       quantizers, values read in the model's basis and stored rotated as llama.cpp stores that type
       (``rotate=False``: never rotated, as with LLAMA_ATTN_ROT_DISABLE=1).
+    - ``v_trans``: store V transposed (``True``: as llama.cpp without flash attention keeps it,
+      f32 / f16 / bf16 only) or a row per cell (``False``: with flash attention); llama.cpp loads a
+      state only into a context of the same choice. None: as the source.
     - ``values``: new values for records, ``{(layer, kind) | (cache, layer, kind) | (cache, stream,
       layer, kind): array [cells, values per row]}`` in the model's basis (as :meth:`Dump.values`).
     - ``seq_id``: the sequence the written state holds: taken alone from a whole state, or the new
@@ -213,7 +221,16 @@ def write(
     for i, d in enumerate(sources):
         d._live()
         q = seq_id if isinstance(seq_id, int) or seq_id is None else seq_id[i]
-        retype, final = _retype(d, {"k": cache_type_k, "v": cache_type_v}, rotate)
+        retype, final = _retype(d, {"k": cache_type_k, "v": cache_type_v}, rotate, v_trans)
+        v_types = (
+            {cache_type_v}
+            if cache_type_v
+            else {ly.v_type for c in d.caches for s in c.streams for ly in s.layers}
+        )
+        if v_trans and any(t is not None and TYPES[t].block_len != 1 for t in v_types):
+            raise WriteError(
+                "v_trans", f"only f32, f16 or bf16 V can be transposed, not {sorted(map(str, v_types))}"
+            )
         mask = None if keep is None else keep_mask(d, keep, sync)
         seqs = _sequences(d)
         whole = d.container in ("ggsn", "state")
@@ -242,6 +259,7 @@ def write(
                 "keep": mask,
                 "extract": extract,
                 "seq_map": sorted(renames.items()),
+                "v_trans": v_trans,
             }
         )
     first = sources[0]

@@ -294,6 +294,36 @@ impl StateParts {
         }
     }
 
+    /// Store V transposed (element-major, as llama.cpp without flash attention keeps it) or not
+    /// (a row per cell, with flash attention), in every attention cache. Only f32, f16 and bf16 V
+    /// can be transposed.
+    pub fn set_v_trans(&mut self, v_trans: bool) -> Result<()> {
+        for (ci, c) in self.caches.iter_mut().enumerate() {
+            if c.memory.is_recurrent() {
+                continue;
+            }
+            for s in c.streams.iter_mut().filter(|s| !s.cells.is_empty()) {
+                if v_trans {
+                    if let Some(v) = s
+                        .layers
+                        .iter()
+                        .filter_map(|l| l.1.as_ref())
+                        .find(|v| !v.ty.is_float())
+                    {
+                        return Err(err(
+                            format!("cache {ci} v type"),
+                            v.at,
+                            "f32, f16 or bf16 (only plain float V can be transposed)",
+                            v.ty,
+                        ));
+                    }
+                }
+                s.v_trans = v_trans;
+            }
+        }
+        Ok(())
+    }
+
     /// Requantize one kind of one attention cache.
     pub fn retype(&mut self, r: Retype) -> Result<()> {
         let n = self.caches.len();

@@ -16,6 +16,8 @@ use crate::state::{parse_kind, State};
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 pub struct SourceEdits {
+    /// Store V transposed (flash attention off) or not (None: as it is).
+    v_trans: Option<bool>,
     /// (cache, kind, type, group stored in now, group the type is stored in).
     retype: Vec<(usize, String, String, usize, usize)>,
     /// (cache, stream, layer, kind, f32 little-endian values, group).
@@ -89,6 +91,10 @@ fn ty(name: &str) -> Result<GgmlType> {
 
 fn edit(sf: &kvfast_core::StateFile, e: SourceEdits) -> Result<StateParts> {
     let mut p = StateParts::from_layout(sf.bytes(), &sf.layout)?;
+    // V untransposed before it is requantized (a quantized V is never transposed), transposed after
+    if e.v_trans == Some(false) {
+        p.set_v_trans(false)?;
+    }
     for (cache, kind, t, from_group, to_group) in e.retype {
         p.retype(Retype {
             cache,
@@ -97,6 +103,9 @@ fn edit(sf: &kvfast_core::StateFile, e: SourceEdits) -> Result<StateParts> {
             from_group,
             to_group,
         })?;
+    }
+    if e.v_trans == Some(true) {
+        p.set_v_trans(true)?;
     }
     for (cache, stream, layer, kind, bytes, group) in e.values {
         let values = bytes
