@@ -307,3 +307,27 @@ def test_v_trans_turns_transposed_v_into_rows_and_back(tmp_path: Path) -> None:
         pytest.raises(kvfast.WriteError, match="transposed"),
     ):
         kvfast.write(q, tmp_path / "x", v_trans=True)
+
+
+def test_joined_sequences_share_their_common_prefix_as_llama_cpp_does(tmp_path: Path) -> None:
+    """The three per-sequence states of a prompt prefix decoded once and copied to three sequences,
+    joined with share=True: llama.cpp's own whole state (and session file), byte for byte; without
+    sharing, the prefix's cells once per sequence."""
+    folder = DATA / "qwen3tiny-3seq-shared"
+    seqs = json.loads((folder / "probe.json").read_text())["seqs"]
+    parts = [kvfast.open(folder / f"seq-{n}.ggsq") for n in range(3)]
+    kvfast.write(parts, tmp_path / "j.state", arch="qwen3", share=True)
+    assert (tmp_path / "j.state").read_bytes() == (folder / "state.bin").read_bytes()
+    kvfast.write(
+        parts,
+        tmp_path / "j.ggsn",
+        container="ggsn",
+        arch="qwen3",
+        share=True,
+        tokens=[t for s in seqs for t in s],
+    )
+    assert (tmp_path / "j.ggsn").read_bytes() == (folder / "state.ggsn").read_bytes()
+    kvfast.write(parts, tmp_path / "apart.state", arch="qwen3")
+    with kvfast.open(tmp_path / "apart.state") as d:
+        s = d.caches[0].streams[0]
+        assert s.cell_count == sum(map(len, seqs)) and s.shared_cells == 0

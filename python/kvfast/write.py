@@ -162,6 +162,7 @@ def write(
     seq_map: Mapping[int, int] | None = None,
     tokens: Sequence[int] | None = None,
     arch: str | None = None,
+    share: bool = False,
 ) -> int:
     """Write ``source`` (an opened state, or several to join) to ``path``, edited; returns the bytes
     written. With no edit the bytes are the source's, byte for byte.
@@ -189,7 +190,10 @@ def write(
     - ``tokens``: the token list of a GGSQ / GGSN target.
 
     Several sources are joined into one state (their cells one after the other, per cache and
-    stream); their sequences must differ (rename them with ``seq_id=[...]``).
+    stream); their sequences must differ (rename them with ``seq_id=[...]``). ``share=True``: a cell
+    of a later source alike in position, extension and every row to one already written (a prompt
+    prefix decoded once and copied, as llama.cpp's ``seq_cp`` shares it) becomes that cell, listing
+    both sequences.
     """
     sources = [source] if not isinstance(source, Sequence) else list(source)
     if not sources:
@@ -292,6 +296,7 @@ def write(
                 "arch": whole_arch,
                 "token_words": token_words,
                 "ext_tokens": ext_tokens,
+                "share": share,
             },
         )
     )

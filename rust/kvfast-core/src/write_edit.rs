@@ -530,7 +530,7 @@ impl StateParts {
 /// Join states into one: the cells of each stream of each cache one state after the other, with
 /// their rows. The caches must agree (count, memory, streams, layers, types and widths), and no
 /// sequence may be in two states.
-pub fn concat(parts: Vec<StateParts>) -> Result<StateParts> {
+pub fn concat(parts: Vec<StateParts>, share: bool) -> Result<StateParts> {
     let mut it = parts.into_iter();
     let mut out = it
         .next()
@@ -561,7 +561,7 @@ pub fn concat(parts: Vec<StateParts>) -> Result<StateParts> {
             ));
         }
         for (ci, (a, b)) in out.caches.iter_mut().zip(p.caches).enumerate() {
-            join_cache(n, ci, a, b)?;
+            join_cache(n, ci, a, b, share)?;
         }
         if let (Some(a), Some(b)) = (&mut out.token_words, p.token_words) {
             a.extend(b);
@@ -584,7 +584,7 @@ fn seqs_of(p: &StateParts) -> Vec<i32> {
     v
 }
 
-fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts) -> Result<()> {
+fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts, share: bool) -> Result<()> {
     let at = format!("state {n} cache {ci}");
     if a.memory != b.memory || a.streams.len() != b.streams.len() {
         return Err(err(
@@ -598,7 +598,8 @@ fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts) -> Result<
             format!("a {} cache of {} streams", b.memory.name(), b.streams.len()),
         ));
     }
-    for (si, (x, y)) in a.streams.iter_mut().zip(b.streams).enumerate() {
+    let recurrent = b.memory.is_recurrent();
+    for (si, (x, mut y)) in a.streams.iter_mut().zip(b.streams).enumerate() {
         if y.cells.is_empty() && !b.memory.is_recurrent() {
             continue;
         }
@@ -619,10 +620,10 @@ fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts) -> Result<
                 format!("{} layers, v_trans {}", y.layers.len(), y.v_trans as u8),
             ));
         }
-        for (li, (l, m)) in x.layers.iter_mut().zip(y.layers).enumerate() {
-            join_rows(&at, li, &mut l.0, m.0)?;
-            match (&mut l.1, m.1) {
-                (Some(v), Some(w)) => join_rows(&at, li, v, w)?,
+        for (li, (l, m)) in x.layers.iter().zip(&y.layers).enumerate() {
+            rows_agree(&at, li, &l.0, &m.0)?;
+            match (&l.1, &m.1) {
+                (Some(v), Some(w)) => rows_agree(&at, li, v, w)?,
                 (None, None) => {}
                 _ => {
                     return Err(err(
@@ -634,12 +635,21 @@ fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts) -> Result<
                 }
             }
         }
+        if share && !recurrent {
+            shared_into(x, &mut y);
+        }
+        for (l, m) in x.layers.iter_mut().zip(y.layers) {
+            l.0.rows.extend(m.0.rows);
+            if let (Some(v), Some(w)) = (&mut l.1, m.1) {
+                v.rows.extend(w.rows);
+            }
+        }
         x.cells.extend(y.cells);
     }
     Ok(())
 }
 
-fn join_rows(at: &str, li: usize, a: &mut Rows, b: Rows) -> Result<()> {
+fn rows_agree(at: &str, li: usize, a: &Rows, b: &Rows) -> Result<()> {
     if a.ty != b.ty || a.n_embd != b.n_embd {
         return Err(err(
             format!("{at} layer {li} {}", b.kind),
@@ -648,8 +658,53 @@ fn join_rows(at: &str, li: usize, a: &mut Rows, b: Rows) -> Result<()> {
             format!("{} rows of {} values", b.ty, b.n_embd),
         ));
     }
-    a.rows.extend(b.rows);
     Ok(())
+}
+
+/// Cells of `y` that are a cell of `x` (the same position, extension and rows in every record,
+/// as a prefix llama.cpp decoded once and copied to several sequences is) become that cell, which
+/// lists their sequences too; they leave `y`.
+fn shared_into(x: &mut StreamParts, y: &mut StreamParts) {
+    let mut by_pos: std::collections::HashMap<i32, Vec<usize>> = std::collections::HashMap::new();
+    for (i, c) in x.cells.iter().enumerate() {
+        by_pos.entry(c.pos).or_default().push(i);
+    }
+    let same = |i: usize, j: usize| {
+        x.cells[i].ext == y.cells[j].ext
+            && x.layers.iter().zip(&y.layers).all(|(l, m)| {
+                l.0.row(i) == m.0.row(j)
+                    && match (&l.1, &m.1) {
+                        (Some(v), Some(w)) => v.row(i) == w.row(j),
+                        _ => true,
+                    }
+            })
+    };
+    let mut keep = vec![true; y.cells.len()];
+    let mut merged: Vec<(usize, usize)> = Vec::new();
+    for (j, k) in keep.iter_mut().enumerate() {
+        let found = by_pos
+            .get(&y.cells[j].pos)
+            .and_then(|is| is.iter().copied().find(|&i| same(i, j)));
+        if let Some(i) = found {
+            merged.push((i, j));
+            *k = false;
+        }
+    }
+    for (i, j) in merged {
+        let mut seqs = x.cells[i].seqs.clone();
+        seqs.extend(&y.cells[j].seqs);
+        seqs.sort_unstable();
+        seqs.dedup();
+        x.cells[i].seqs = seqs;
+    }
+    let mut it = keep.iter();
+    y.cells.retain(|_| *it.next().unwrap_or(&true));
+    for (k, v) in &mut y.layers {
+        k.keep(&keep);
+        if let Some(v) = v {
+            v.keep(&keep);
+        }
+    }
 }
 
 /// Whether a cache is an attention cache (K and V) rather than the recurrent part.
@@ -736,10 +791,10 @@ mod tests {
         assert_eq!(a.caches[0].streams[0].cells.len(), 2);
         a.to_format(Format::newest(Container::Ggsq), None).unwrap();
         let b = a.clone();
-        assert!(concat(vec![a.clone(), b.clone()]).is_err()); // sequence 1 in both
+        assert!(concat(vec![a.clone(), b.clone()], false).is_err()); // sequence 1 in both
         let mut b = b;
         b.rename(&[(1, 4)]).unwrap();
-        let mut j = concat(vec![a, b]).unwrap();
+        let mut j = concat(vec![a, b], false).unwrap();
         j.to_format(Format::newest(Container::RawState), None)
             .unwrap();
         let s = &j.caches[0].streams[0];

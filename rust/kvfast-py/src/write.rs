@@ -42,6 +42,8 @@ pub struct Target {
     token_words: Option<Vec<i32>>,
     /// Tokens by position, for the token of a 12-byte cell extension made from an 8-byte one.
     ext_tokens: Option<Vec<i32>>,
+    /// Joined sources: cells alike in every record become one cell of several sequences.
+    share: bool,
 }
 
 fn bad(msg: String) -> Error {
@@ -162,7 +164,7 @@ pub fn write_state(
         let mut p = if parts.len() == 1 {
             parts.pop().expect("one state")
         } else {
-            concat(parts)?
+            concat(parts, target.share)?
         };
         if let Some(a) = target.arch.clone() {
             p.arch = Some(a);
