@@ -331,3 +331,15 @@ def test_joined_sequences_share_their_common_prefix_as_llama_cpp_does(tmp_path: 
     with kvfast.open(tmp_path / "apart.state") as d:
         s = d.caches[0].streams[0]
         assert s.cell_count == sum(map(len, seqs)) and s.shared_cells == 0
+
+
+def test_null_flags_are_refused_and_a_state_can_be_written_over_itself(tmp_path: Path) -> None:
+    src = tmp_path / "s.ggsq"
+    src.write_bytes((DATA / "qwen3tiny-f16-fa/seq-0.ggsq").read_bytes())
+    with kvfast.open(src) as d:
+        with pytest.raises(kvfast.WriteError, match="null"):
+            kvfast.write(d, tmp_path / "x", keep=pl.col("piece") != "a")
+        kvfast.write(d, src, keep=pl.col("pos") >= 2)
+    with kvfast.open(src) as e:
+        assert e.caches[0].streams[0].pos.tolist() == [2, 3, 4, 5, 6]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.ggsq"]

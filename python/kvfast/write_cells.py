@@ -98,7 +98,13 @@ def keep_mask(dump: Dump, keep: Any, sync: bool) -> list[list[list[bool]]]:
         )
     if flags.dtype != pl.Boolean:
         raise WriteError("keep", f"booleans, not {flags.dtype}")
-    frame = frame.with_columns(keep=flags.fill_null(False))
+    if flags.null_count():
+        raise WriteError(
+            "keep",
+            f"the flags of {flags.null_count()} cells are null (a column not known for them, as token"
+            " without a model's vocabulary): decide them, e.g. with .fill_null(True)",
+        )
+    frame = frame.with_columns(keep=flags)
     if sync:
         token = ["stream", "pos", "seq_ids"]
         dropped = frame.filter(~pl.col("keep")).select(token).unique()
