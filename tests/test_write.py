@@ -343,3 +343,15 @@ def test_null_flags_are_refused_and_a_state_can_be_written_over_itself(tmp_path:
     with kvfast.open(src) as e:
         assert e.caches[0].streams[0].pos.tolist() == [2, 3, 4, 5, 6]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.ggsq"]
+
+
+def test_values_from_arrow_and_polars(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    with kvfast.open(DATA / "qwen3tiny-f16-fa/seq-0.ggsq") as d:
+        x = d.values(0, "k").astype(np.float32) * 2
+        arrow = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 64)
+        for arr in (arrow, pl.Series(x), pa.chunked_array([arrow])):
+            kvfast.write(d, tmp_path / "a", values={(0, "k"): arr})
+            with kvfast.open(tmp_path / "a") as e:
+                np.testing.assert_array_equal(e.values(0, "k"), x.astype(np.float16))

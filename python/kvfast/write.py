@@ -113,6 +113,24 @@ def _retype(
     return out, final
 
 
+def _as_rows(arr: Any) -> npt.NDArray[np.float32]:
+    """A NumPy array, a Polars Series of arrays or an Arrow array of lists as [rows, values]."""
+    if isinstance(arr, pl.Series):
+        arr = arr.to_arrow()
+    if not isinstance(arr, np.ndarray) and (
+        hasattr(arr, "__arrow_c_array__") or hasattr(arr, "__arrow_c_stream__")
+    ):
+        import pyarrow as pa
+
+        a = arr if isinstance(arr, (pa.Array, pa.ChunkedArray)) else pa.array(arr)
+        if isinstance(a, pa.ChunkedArray):
+            a = a.combine_chunks()
+        if pa.types.is_fixed_size_list(a.type) or pa.types.is_list(a.type):
+            flat = np.asarray(a.flatten().to_numpy(zero_copy_only=False), np.float32)
+            return flat.reshape(len(a), -1) if len(a) else flat.reshape(0, 0)
+    return np.asarray(arr, dtype=np.float32)
+
+
 def _values(
     d: Dump, values: Mapping[tuple[Any, ...], npt.ArrayLike], final: list[list[int]]
 ) -> list[tuple[int, int, int, str, bytes, int]]:
@@ -138,7 +156,7 @@ def _values(
             raise WriteError("values", f"{key!r}: no such stream or layer")
         st = streams[stream]
         n = getattr(st.layers[layer], f"n_embd_{kind}")
-        a = np.asarray(arr, dtype=np.float32)
+        a = _as_rows(arr)
         if n is None or a.shape != (st.cell_count, n):
             raise WriteError("values", f"{key!r}: an array of shape ({st.cell_count}, {n}), not {a.shape}")
         out.append((cache, stream, layer, kind, a.astype("<f4").tobytes(), final[cache][kind == "v"]))
@@ -184,7 +202,8 @@ def write(
       f32 / f16 / bf16 only) or a row per cell (``False``: with flash attention); llama.cpp loads a
       state only into a context of the same choice. None: as the source.
     - ``values``: new values for records, ``{(layer, kind) | (cache, layer, kind) | (cache, stream,
-      layer, kind): array [cells, values per row]}`` in the model's basis (as :meth:`Dump.values`).
+      layer, kind): array [cells, values per row]}`` in the model's basis (as :meth:`Dump.values`):
+      a NumPy array, or an Arrow array / Polars Series of one list of values per cell.
     - ``seq_id``: the sequence the written state holds: taken alone from a whole state, or the new
       name of a sequence state's sequence (a list: one per joined source). ``seq_map``: renames.
     - ``tokens``: the token list of a GGSQ / GGSN target.
