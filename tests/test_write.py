@@ -355,3 +355,21 @@ def test_values_from_arrow_and_polars(tmp_path: Path) -> None:
             kvfast.write(d, tmp_path / "a", values={(0, "k"): arr})
             with kvfast.open(tmp_path / "a") as e:
                 np.testing.assert_array_equal(e.values(0, "k"), x.astype(np.float16))
+
+
+def test_writes_at_once_never_share_a_temporary_file(tmp_path: Path) -> None:
+    """Eight writes at once to one path, and to paths that differ only in extension: each file
+    whole, no temporary file left."""
+    import threading
+
+    src_path = DATA / "qwen3tiny-f16-fa/seq-0.bin"
+    want = src_path.read_bytes()
+    with kvfast.open(src_path) as src:
+        targets = [tmp_path / "out.bin"] * 4 + [tmp_path / f"out.{ext}" for ext in ("a", "b", "c", "d")]
+        threads = [threading.Thread(target=kvfast.write, args=(src, t)) for t in targets]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.a", "out.b", "out.bin", "out.c", "out.d"]
+    assert all(p.read_bytes() == want for p in tmp_path.iterdir())

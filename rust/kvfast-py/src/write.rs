@@ -177,7 +177,18 @@ pub fn write_state(
         if let Some(words) = target.token_words {
             p.token_words = Some(words);
         }
-        let tmp = path.with_extension("kvfast-tmp");
+        // a name of its own beside the target (same file system, so the rename is atomic): two
+        // writes at once, to one path or to paths that differ only in extension, never share it
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = path.with_file_name(format!(
+            ".{name}.{}-{}.kvfast-tmp",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
         let io = |source| kvfast_core::Error::File {
             path: path.clone(),
             source,
