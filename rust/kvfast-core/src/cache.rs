@@ -1,7 +1,7 @@
 //! Walking the memory of a state, rows skipped: its KV CACHE blocks (section 2 of the format doc),
 //! then, for a recurrent or hybrid model, its recurrent part (`recurrent.rs`).
 
-use crate::cells::parse_cells;
+use crate::cells::read_cells;
 use crate::cursor::Cursor;
 use crate::error::{Error, Result};
 use crate::layout::{Cache, Kind, Layer, Memory, Record, Stream};
@@ -199,38 +199,17 @@ fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result
     let at = format!("cache {ci} stream {s}");
     let offset = cur.pos();
     let cell_count = cur.u32(&format!("{at} cell_count"))?;
-    let mut stream = Stream {
-        index: s,
-        offset: offset as u64,
+    let mut stream = Stream::new(
+        s,
+        offset as u64,
         cell_count,
-        meta_offset: cur.pos() as u64,
-        meta_len: 0,
-        pos: Vec::new(),
-        seq_start: Vec::new(),
-        seq_ids: Vec::new(),
-        ext: None,
-        ext_width: reading.ext_bytes as usize / 4,
-        layer_header_offset: cur.pos() as u64,
-        v_trans: false,
-        layers: Vec::new(),
-    };
+        cur.pos() as u64,
+        reading.ext_bytes as usize / 4,
+    );
     if cell_count == 0 {
         return Ok(stream);
     }
-    // Every cell takes at least this much: check before allocating by the count.
-    let min_cell = 8 + reading.ext_bytes as u64;
-    let needed = cell_count as u64 * min_cell;
-    if needed > cur.remaining() as u64 {
-        return Err(Error::Truncated {
-            field: format!("{at} cell meta ({cell_count} cells)"),
-            offset: cur.pos() as u64,
-            needed,
-            available: cur.remaining() as u64,
-        });
-    }
-    parse_cells(cur, &at, &mut stream)?;
-    stream.meta_len = cur.pos() as u64 - stream.meta_offset;
-    stream.layer_header_offset = cur.pos() as u64;
+    read_cells(cur, &at, &mut stream)?;
     stream.v_trans = cur.u32_in(&format!("{at} v_trans"), 0, 1)? == 1;
     // 0 layers: the full-attention cache of a hybrid iSWA model whose attention layers all slide
     // (LFM2 with a sliding window) still lists its cells.

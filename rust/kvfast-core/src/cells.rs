@@ -24,6 +24,27 @@ fn cell_i32(cur: &mut Cursor, at: &str, i: usize, what: &str) -> Result<i32> {
     }
 }
 
+/// A stream's cell metadata from the cursor (which stands at `stream.meta_offset`): the count
+/// checked against the bytes left before anything is allocated by it, then the cells, then where
+/// they end.
+pub fn read_cells(cur: &mut Cursor, at: &str, stream: &mut Stream) -> Result<()> {
+    // Every cell takes at least this much: pos, n_seq_id and the extension.
+    let cell_count = stream.cell_count;
+    let needed = cell_count as u64 * (8 + 4 * stream.ext_width as u64);
+    if needed > cur.remaining() as u64 {
+        return Err(Error::Truncated {
+            field: format!("{at} cell meta ({cell_count} cells)"),
+            offset: cur.pos() as u64,
+            needed,
+            available: cur.remaining() as u64,
+        });
+    }
+    parse_cells(cur, at, stream)?;
+    stream.meta_len = cur.pos() as u64 - stream.meta_offset;
+    stream.layer_header_offset = cur.pos() as u64;
+    Ok(())
+}
+
 /// Cells: position, sequences and (`stream.ext_width`) extension of each.
 pub fn parse_cells(cur: &mut Cursor, at: &str, stream: &mut Stream) -> Result<()> {
     let (done, used) = fast_cells(cur.rest(), stream);
@@ -136,21 +157,7 @@ mod tests {
     use super::*;
 
     fn stream(cells: u32, ext_width: usize) -> Stream {
-        Stream {
-            index: 0,
-            offset: 0,
-            cell_count: cells,
-            meta_offset: 0,
-            meta_len: 0,
-            pos: Vec::new(),
-            seq_start: Vec::new(),
-            seq_ids: Vec::new(),
-            ext: None,
-            ext_width,
-            layer_header_offset: 0,
-            v_trans: false,
-            layers: Vec::new(),
-        }
+        Stream::new(0, 0, cells, 0, ext_width)
     }
 
     fn words(w: &[i32]) -> Vec<u8> {

@@ -137,6 +137,32 @@ pub struct Stream {
 }
 
 impl Stream {
+    /// A stream of `cell_count` cells whose count field is at `offset` and whose cell metadata
+    /// start at `meta_offset`, before any cell is read.
+    pub fn new(
+        index: u32,
+        offset: u64,
+        cell_count: u32,
+        meta_offset: u64,
+        ext_width: usize,
+    ) -> Self {
+        Stream {
+            index,
+            offset,
+            cell_count,
+            meta_offset,
+            meta_len: 0,
+            pos: Vec::new(),
+            seq_start: Vec::new(),
+            seq_ids: Vec::new(),
+            ext: None,
+            ext_width,
+            layer_header_offset: meta_offset,
+            v_trans: false,
+            layers: Vec::new(),
+        }
+    }
+
     pub fn cell_seqs(&self, cell: usize) -> &[i32] {
         &self.seq_ids[self.seq_start[cell] as usize..self.seq_start[cell + 1] as usize]
     }

@@ -8,7 +8,7 @@
 //! record (the SSM / WKV / delta-net state). Which layers have records is not in the bytes: the
 //! reading counts them (the part ends the state, so the records run to the end: half R, half S).
 
-use crate::cells::{parse_cells, MAX_EMBD, MAX_LAYERS, MAX_SEQ};
+use crate::cells::{read_cells, MAX_EMBD, MAX_LAYERS, MAX_SEQ};
 use crate::cursor::Cursor;
 use crate::error::{Error, Result};
 use crate::layout::{Cache, Kind, Layer, Memory, Record, Stream};
@@ -31,33 +31,8 @@ pub fn parse_recurrent(cur: &mut Cursor, hint: Option<RecurrentHint>) -> Result<
     let offset = cur.pos();
     // llama.cpp keeps max(1, n_seq_max) recurrent cells (create_memory): at most LLAMA_MAX_SEQ
     let cell_count = cur.u32_in(&format!("{AT} cell_count"), 0, MAX_SEQ)?;
-    let needed = cell_count as u64 * 8;
-    if needed > cur.remaining() as u64 {
-        return Err(Error::Truncated {
-            field: format!("{AT} cell meta ({cell_count} cells)"),
-            offset: cur.pos() as u64,
-            needed,
-            available: cur.remaining() as u64,
-        });
-    }
-    let mut stream = Stream {
-        index: 0,
-        offset: offset as u64,
-        cell_count,
-        meta_offset: cur.pos() as u64,
-        meta_len: 0,
-        pos: Vec::new(),
-        seq_start: Vec::new(),
-        seq_ids: Vec::new(),
-        ext: None,
-        ext_width: 0,
-        layer_header_offset: 0,
-        v_trans: false,
-        layers: Vec::new(),
-    };
-    parse_cells(cur, AT, &mut stream)?;
-    stream.meta_len = cur.pos() as u64 - stream.meta_offset;
-    stream.layer_header_offset = cur.pos() as u64;
+    let mut stream = Stream::new(0, offset as u64, cell_count, cur.pos() as u64, 0);
+    read_cells(cur, AT, &mut stream)?;
     // llama.cpp writes 0 (its reader refuses a transposed S)
     cur.u32_in(&format!("{AT} s_trans"), 0, 0)?;
     let n_off = cur.pos();

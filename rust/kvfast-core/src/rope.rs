@@ -140,21 +140,11 @@ impl Rope {
         if n == 0 || head_dim == 0 {
             return;
         }
-        let cache = self.cache_at(pos);
-        for head in row.chunks_exact_mut(head_dim) {
-            for (i, &(c, s)) in cache.iter().enumerate().take(n / 2) {
-                let (a, b) = if self.neox {
-                    (i, i + n / 2)
-                } else {
-                    (2 * i, 2 * i + 1)
-                };
-                let (y0, y1) = (head[a], head[b]);
-                // (y0, y1) = M (x0, x1), M = [[c, -s], [s, c]] = m R: x = R^T y / m^2
-                let m2 = c * c + s * s;
-                head[a] = (y0 * c + y1 * s) / m2;
-                head[b] = (y1 * c - y0 * s) / m2;
-            }
-        }
+        self.each_pair(row, head_dim, n, &self.cache_at(pos), |y0, y1, c, s| {
+            // (y0, y1) = M (x0, x1), M = [[c, -s], [s, c]] = m R: x = R^T y / m^2
+            let m2 = c * c + s * s;
+            ((y0 * c + y1 * s) / m2, (y1 * c - y0 * s) / m2)
+        });
     }
 
     /// Apply the rope (what llama.cpp does; for tests and round trips).
@@ -163,7 +153,21 @@ impl Rope {
         if n == 0 || head_dim == 0 {
             return;
         }
-        let cache = self.cache(pos);
+        self.each_pair(row, head_dim, n, &self.cache(pos), |x0, x1, c, s| {
+            (x0 * c - x1 * s, x0 * s + x1 * c)
+        });
+    }
+
+    /// Replace each rotary pair of the first `n` values of every head (NEOX: i and i + n/2; NORM:
+    /// 2i and 2i + 1) by `f(first, second, cos, sin)` with its angle's (cos, sin) from `cache`.
+    fn each_pair(
+        &self,
+        row: &mut [f32],
+        head_dim: usize,
+        n: usize,
+        cache: &[(f32, f32)],
+        f: impl Fn(f32, f32, f32, f32) -> (f32, f32),
+    ) {
         for head in row.chunks_exact_mut(head_dim) {
             for (i, &(c, s)) in cache.iter().enumerate().take(n / 2) {
                 let (a, b) = if self.neox {
@@ -171,9 +175,7 @@ impl Rope {
                 } else {
                     (2 * i, 2 * i + 1)
                 };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * c - x1 * s;
-                head[b] = x0 * s + x1 * c;
+                (head[a], head[b]) = f(head[a], head[b], c, s);
             }
         }
     }
