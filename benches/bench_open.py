@@ -19,23 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
+
+from timing import best
 
 import kvfast
 from kvfast import synth
 
 CHUNK = 64 << 20
-
-
-def best(fn: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def read_once(path: Path) -> int:

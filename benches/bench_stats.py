@@ -15,25 +15,15 @@ import argparse
 import json
 import mmap
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from timing import best
 
 import kvfast
 from kvfast import synth
 
 HEAD_DIM = 128
-
-
-def best(fn: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def records(d: kvfast.Dump) -> list[tuple[int, int, int]]:

@@ -19,26 +19,15 @@ import json
 import mmap
 import os
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from timing import best
 
 import kvfast
 from kvfast import synth
 
 GiB = 1 << 30
-
-
-def best(fn: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-        del out
-    return min(times)
 
 
 def records(d: kvfast.Dump) -> list[tuple[int, str, int, int, int]]:
