@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import numpy.typing as npt
 
-from kvfast import _kvfast
+from kvfast import _kvfast, ggml
 from kvfast.errors import KvfastError
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ def _decide(
 
     if mode == "none":
         return rot(False, None, "rotation='none': values as stored")
-    if ty in ("f32", "f16", "bf16"):
+    if ggml.is_float(ty):
         return rot(False, None, f"{ty} cache: llama.cpp rotates only quantized caches")
     if k_only and mode == "auto":
         return rot(
