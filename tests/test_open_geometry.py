@@ -25,14 +25,20 @@ def test_head_sizes_are_set_once_at_open(tmp_path: Path) -> None:
         assert d.to_polars(layers=[0], kinds=["k"])["head"].unique().to_list() == [0]
 
 
-def test_a_map_of_more_caches_than_the_state_has_is_refused(tmp_path: Path) -> None:
+def test_the_layer_map_is_the_cores(tmp_path: Path) -> None:
+    # Python sends what the model says about its layers; kvfast-core maps the caches' layers
     p = tmp_path / "s.bin"
     synth.write_state(p, cells=3, n_layer=2, n_embd_k=64)
     state = _kvfast.State(p)
-    with pytest.raises(ValueError, match="model-layer map of 2 entries for 1 caches"):
-        state.set_geometry(64, 64, [[0, 1], [2]])
-    state.set_geometry(64, 64, [[0, 1]])
-    assert state.model_layers == [[0, 1]]
+    assert state.model_layers == [[0, 1]]  # one cache alone: from the bytes
+    three = {"arch": "t", "n_layer": 3, "attention": None, "swa": [False] * 3, "recurrent": None}
+    with pytest.raises(
+        ValueError, match=r"has 3 attention layers \(0 sliding-window\) of 3, .* \[2\] layers"
+    ):
+        state.set_geometry(64, 64, three)
+    hybrid = {**three, "attention": [False, True, True], "recurrent": [True, False, False]}
+    state.set_geometry(64, 64, hybrid)
+    assert state.model_layers == [[1, 2]]
     assert state.head_dims == (64, 64)
 
 

@@ -26,30 +26,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
-def _n_layer(cache: dict[str, Any]) -> int:
-    return max((len(s["layers"]) for s in cache["streams"]), default=0)
-
-
-def _layer_map_from_bytes(
-    raw: list[dict[str, Any]], rec: dict[str, Any] | None
-) -> tuple[list[list[int]] | None, list[int] | None]:
-    """The model layers of the attention caches and of the recurrent part, where the bytes alone
-    tell: one attention cache and nothing else holds every layer; a recurrent part with records
-    for each of the layers it counts holds every layer (a recurrent model), and then one attention
-    cache of as many layers does too (Falcon-H1). A hybrid's map is the model's to give."""
-    if rec is None:
-        return ([list(range(_n_layer(raw[0])))] if len(raw) == 1 else None), None
-    n = int(rec["n_layer"])
-    if _n_layer(rec) != n:
-        return None, None
-    every = list(range(n))
-    if not raw:
-        return [], every
-    if len(raw) == 1 and _n_layer(raw[0]) == n:
-        return [every], every
-    return None, every
-
-
 class Dump:
     """A llama.cpp KV-cache state, memory-mapped; rows are read only when asked for.
 
@@ -109,38 +85,31 @@ class Dump:
                 s["layers"] = [
                     {k: ld[k] for k in _LAYER_KEYS if k not in ("index", "model_layer")} for ld in s["layers"]
                 ]
-        self._model_layers: list[list[int]] | None = None
-        recurrent_layers: list[int] | None = None
         self.head_dim_k = self.head_dim_v = head_dim
         if model is not None:
-            self._model_layers = model.model_layers([_n_layer(c) for c in raw])
-            self._check_model(model, raw, head_dim)
             self.head_dim_k = model.head_dim_k or None  # 0: no attention layer
             self.head_dim_v = model.head_dim_v or None
-            recurrent_layers = model.recurrent_layers()
-        else:
-            self._model_layers, recurrent_layers = _layer_map_from_bytes(raw, rec_raw)
-        if (
-            rec_raw is not None
-            and recurrent_layers is not None
-            and len(recurrent_layers) != _n_layer(rec_raw)
-        ):
-            raise ModelMismatchError(
-                f"the model ({self.model.arch if self.model else '?'}) has {len(recurrent_layers)}"
-                f" recurrent layers, the state's recurrent part {_n_layer(rec_raw)}"
+        try:
+            # kvfast-core maps the caches' layers to the model's (from the bytes without a model)
+            self._state.set_geometry(
+                self.head_dim_k, self.head_dim_v, None if model is None else model.layers()
             )
-        if self._model_layers is not None and rec_raw is not None:
-            # the binding's map is per cache, the recurrent part last ([]: not known)
-            self._model_layers = [*self._model_layers, recurrent_layers or []]
+        except ValueError as e:
+            raise ModelMismatchError(str(e)) from None
+        #: Per cache (the recurrent part last), the model layer of each cache layer (None: not known).
+        self._model_layers: list[list[int] | None] = self._state.model_layers
+        if model is not None:
+            self._check_model(model, raw, head_dim)
         for ci, c_raw in enumerate(raw):
+            m = self._model_layers[ci]
             for s in c_raw["streams"]:
                 for li, ld in enumerate(s["layers"]):
-                    ld["model_layer"] = None if self._model_layers is None else self._model_layers[ci][li]
+                    ld["model_layer"] = None if m is None else m[li]
         self._caches = _build_caches(raw)
+        recurrent_layers = self._model_layers[-1] if rec_raw is not None else None
         self._recurrent = None if rec_raw is None else _build_recurrent([*raw, rec_raw], recurrent_layers)
         select.check_rows(self._caches, self.head_dim_k, self.head_dim_v)
         heads = (self.head_dim_k, self.head_dim_v)
-        self._state.set_geometry(self.head_dim_k, self.head_dim_v, self._model_layers)
         self._rotation = plan_rotation(self._state, self._caches, info, heads, rotation, self._build_hint)
         groups = [[0, 0] for _ in self._caches]
         for r in self._rotation:
@@ -162,11 +131,12 @@ class Dump:
     def _check_model(self, model: ModelGeometry, raw: list[dict[str, Any]], head_dim: int | None) -> None:
         if head_dim is not None and head_dim != model.head_dim_k:
             raise ModelMismatchError(f"head_dim={head_dim} but the model's key_length is {model.head_dim_k}")
-        assert self._model_layers is not None
         for c, c_raw in enumerate(raw):
+            layers = self._model_layers[c]
+            assert layers is not None  # a model maps every attention cache
             for s in c_raw["streams"]:
                 for li, ld in enumerate(s["layers"]):
-                    ml = self._model_layers[c][li]
+                    ml = layers[li]
                     n = model.n_head_kv[ml]
                     for kind, dim in (("k", model.head_dim_k), ("v", model.head_dim_v)):
                         have = ld[f"n_embd_{kind}"]

@@ -159,28 +159,27 @@ class ModelGeometry:
         n_trunk = self.n_layer if self.n_layer_trunk is None else self.n_layer_trunk
         return {"v_less": self.v_less, "recurrent": None if rec is None else (n_trunk, len(rec))}
 
+    def layers(self) -> dict[str, Any]:
+        """What the model says about its layers, as kvfast-core's layer map takes it."""
+        return {
+            "arch": self.arch,
+            "n_layer": self.n_layer,
+            "attention": None if self.attention is None else list(self.attention),
+            "swa": list(self.swa),
+            "recurrent": None if self.recurrent is None else list(self.recurrent),
+        }
+
     def model_layers(self, cache_layers: list[int]) -> list[list[int]]:
         """The model's layer index of every layer of each attention cache, given each cache's layer
-        count (the recurrent part's layers are :meth:`recurrent_layers`).
+        count (the recurrent part's layers are :meth:`recurrent_layers`); kvfast-core's map.
 
         One cache holds every attention layer; iSWA states hold the full-attention layers' cache,
         then the sliding-window layers' cache (or that one alone when written with PARTIAL_ONLY).
         """
-        layers = self.attention_layers()
-        full = [il for il in layers if not self.swa[il]]
-        window = [il for il in layers if self.swa[il]]
-        if cache_layers == [len(layers)]:
-            return [layers]
-        if window and cache_layers == [len(full), len(window)]:
-            return [full, window]
-        if window and cache_layers == [len(window)]:
-            return [window]
-        if not layers and cache_layers == []:
-            return []
-        raise ModelMismatchError(
-            f"the model ({self.arch}) has {len(layers)} attention layers ({len(window)} sliding-window)"
-            f" of {self.n_layer}, the state's caches have {cache_layers} layers"
-        )
+        try:
+            return _kvfast.attention_map(self.layers(), cache_layers)
+        except ValueError as e:
+            raise ModelMismatchError(str(e)) from None
 
 
 def _recurrent(

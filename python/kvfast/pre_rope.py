@@ -332,9 +332,11 @@ def apply(dump: OpenState, model_path: str | os.PathLike[str] | None, swa: tuple
         )
     rope = model_rope(model_path, dump.head_dim_k)
     spec: list[list[dict[str, Any] | None]] = []
-    for cache, layers in zip(dump.caches, dump._model_layers or [], strict=False):
-        del cache
+    maps = dump._model_layers[: len(dump.caches)]  # the attention caches' (the recurrent part last)
+    for layers in maps:
+        if layers is None:
+            break
         spec.append([rope["swa" if 0 <= ml < len(swa) and swa[ml] else "global"] for ml in layers])
-    if not spec:
+    if len(spec) < len(maps):
         raise PreRopeError("pre_rope: the model's layer map of this state is not known", field="model")
     dump._live().set_rope(spec)

@@ -241,34 +241,6 @@ pub fn cells_from(s: &Stream, skip_first: i32) -> Vec<usize> {
         .collect()
 }
 
-/// The model's own index of a cache's layer: from the model's map (per cache, per layer), or the
-/// layer itself in a one-cache state (a recurrent part alone only when every layer of the model
-/// has records); None when neither says.
-pub fn model_layer(
-    layout: &Layout,
-    map: Option<&[Vec<i32>]>,
-    cache: u32,
-    layer: u32,
-) -> Option<i32> {
-    match map {
-        Some(m) => m
-            .get(cache as usize)
-            .and_then(|c| c.get(layer as usize))
-            .copied(),
-        None => match layout.caches.as_slice() {
-            [c] => match c.memory {
-                crate::layout::Memory::Recurrent { n_layer } => c
-                    .streams
-                    .first()
-                    .filter(|s| s.layers.len() == n_layer as usize)
-                    .map(|_| layer as i32),
-                crate::layout::Memory::Attention => Some(layer as i32),
-            },
-            _ => None,
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,17 +367,5 @@ mod tests {
         assert_eq!(cell_seq_pairs(s, Some(7), 2), vec![(2, Some(7))]);
         assert_eq!(cells_from(s, 1), vec![1, 2]);
         assert_eq!(cells_from(&l.caches[0].streams[0], 0), vec![0, 1]);
-    }
-
-    #[test]
-    fn model_layers_from_the_map_or_the_only_cache() {
-        let l = two_caches();
-        let map = vec![vec![0, 2], vec![1]];
-        assert_eq!(model_layer(&l, Some(&map), 0, 1), Some(2));
-        assert_eq!(model_layer(&l, Some(&map), 1, 0), Some(1));
-        assert_eq!(model_layer(&l, Some(&map), 1, 5), None);
-        assert_eq!(model_layer(&l, None, 0, 1), None);
-        let one = layout(vec![vec![stream(0, &[0], &[&[0]], &[(8, None); 3])]]);
-        assert_eq!(model_layer(&one, None, 0, 2), Some(2));
     }
 }

@@ -2,12 +2,13 @@
 
 use std::collections::HashMap;
 
+use kvfast_core::layer_map::{model_layer, LayerMap};
 use kvfast_core::match_position::{match_positions, PositionIndex};
 use kvfast_core::matching::{check_geometry, match_cells, CellIndex, Matched, Mismatch};
 use kvfast_core::quantize::quantize_row;
 use kvfast_core::rope::{rope_of, CellRope};
 use kvfast_core::round_trip::RoundTrip;
-use kvfast_core::select::{cell_seq_pairs, cells_from, grouped, jobs, model_layer, Job, Selection};
+use kvfast_core::select::{cell_seq_pairs, cells_from, grouped, jobs, Job, Selection};
 use kvfast_core::stats::{
     accumulate, cell_stats as stats_of_cells, compare as compare_rows, round_trip_loss, Accum,
     CellStats, LossSums, Moments,
@@ -35,7 +36,7 @@ pub struct Select {
 /// model's layer map for the model_layer column.
 pub(crate) struct Pass {
     pub(crate) sel: Selection,
-    model_layers: Option<Vec<Vec<i32>>>,
+    model_layers: LayerMap,
 }
 
 impl Select {
@@ -58,13 +59,8 @@ impl Select {
 }
 
 impl Pass {
-    pub(crate) fn model_layer(&self, sf: &StateFile, job: &Job) -> Option<i32> {
-        model_layer(
-            &sf.layout,
-            self.model_layers.as_deref(),
-            job.cache,
-            job.layer,
-        )
+    pub(crate) fn model_layer(&self, job: &Job) -> Option<i32> {
+        model_layer(&self.model_layers, job.cache, job.layer)
     }
 }
 
@@ -84,7 +80,7 @@ pub fn cell_stats(
             let pairs = cell_seq_pairs(job.stream, sf.layout.own_seq(), skip_first);
             let cells: Vec<usize> = pairs.iter().map(|p| p.0).collect();
             let stats = stats_of_cells(&job.view(sf.bytes()), &cells, job.head_dim);
-            batches.push(cell_batch(&job, pass.model_layer(&sf, &job), &pairs, stats));
+            batches.push(cell_batch(&job, pass.model_layer(&job), &pairs, stats));
         }
         let schema = match batches.first() {
             Some(b) => b.schema(),
@@ -286,7 +282,7 @@ pub fn aggregate_stats(
                 let cells = cells_from(job.stream, skip_first);
                 acc.merge(&accumulate(&job.view(sf.bytes()), &cells, hd));
             }
-            let ml = pass.model_layer(&sf, j0);
+            let ml = pass.model_layer(j0);
             for (c, m) in acc.channels.iter().enumerate() {
                 chan.keys.push(j0, ml);
                 chan.head.push((c / hd) as i32);
@@ -367,7 +363,7 @@ pub fn quant_error(
             for (h, s) in sums.iter().enumerate() {
                 cache.push(j0.cache as i32);
                 layer.push(j0.layer as i32);
-                ml.push(pass.model_layer(&sf, j0));
+                ml.push(pass.model_layer(j0));
                 kind.push(j0.kind.name());
                 head.push(h as i32);
                 count.push(s.count);
@@ -493,7 +489,7 @@ pub(crate) fn compare_matched(
             let matched = ib.matched(job.cache, job.stream, sa.layout.own_seq())?;
             let va = job.view(sa.bytes());
             let nh = job.n_heads();
-            let m = pass.model_layer(&sa, &job);
+            let m = pass.model_layer(&job);
             for part in matched {
                 let s_b = &cb.streams[part.stream];
                 let Some(rec_b) = s_b

@@ -20,6 +20,9 @@ pub enum Error {
     /// The selection does not fit the state (head sizes, heads, a type's blocks).
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// A model whose layers do not fit the state's caches (kvfast makes it a ModelMismatchError).
+    #[error(transparent)]
+    Map(#[from] kvfast_core::layer_map::MapError),
     /// Two states that cannot be compared (kvfast.compare makes it a MatchError).
     #[error(transparent)]
     Mismatch(#[from] Mismatch),
@@ -39,8 +42,6 @@ pub enum Error {
     NotWholeBlocks { n: usize, ty: GgmlType },
     #[error("{given} rotation entries for {caches} caches")]
     RotationEntries { given: usize, caches: usize },
-    #[error("a model-layer map of {given} entries for {caches} caches")]
-    GeometryEntries { given: usize, caches: usize },
     #[error("rotation group {group} of cache {cache}: expected 0 or a power of two >= 64")]
     RotationGroup { group: usize, cache: usize },
     #[error("rotation group {group} does not divide the {n} values of cache {cache} layer {layer} {kind} rows")]

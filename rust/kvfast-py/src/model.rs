@@ -1,6 +1,7 @@
 //! A GGUF model's metadata for Python (only the header is read).
 
 use kvfast_core::gguf::{read_metadata, Value};
+use kvfast_core::layer_map::ModelLayers;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -43,4 +44,33 @@ pub fn gguf_metadata<'py>(py: Python<'py>, path: std::path::PathBuf) -> Result<B
 #[pyfunction]
 pub fn gguf_vocab(py: Python<'_>, path: std::path::PathBuf) -> Result<Option<Vec<String>>> {
     Ok(py.detach(|| kvfast_core::gguf::read_vocab(&path))?)
+}
+
+/// What a model says about its layers, as `ModelGeometry.layers()` gives it.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct ModelArg {
+    arch: String,
+    n_layer: usize,
+    attention: Option<Vec<bool>>,
+    swa: Vec<bool>,
+    recurrent: Option<Vec<bool>>,
+}
+
+impl From<ModelArg> for ModelLayers {
+    fn from(m: ModelArg) -> Self {
+        ModelLayers {
+            arch: m.arch,
+            n_layer: m.n_layer,
+            attention: m.attention,
+            swa: m.swa,
+            recurrent: m.recurrent,
+        }
+    }
+}
+
+/// The model layer of every layer of each attention cache, given each cache's layer count.
+#[pyfunction]
+pub fn attention_map(model: ModelArg, cache_layers: Vec<usize>) -> Result<Vec<Vec<i32>>> {
+    Ok(ModelLayers::from(model).attention_map(&cache_layers)?)
 }

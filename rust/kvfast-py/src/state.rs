@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
+use kvfast_core::layer_map::{layer_map, LayerMap, ModelLayers};
 use kvfast_core::recurrent::RecurrentHint;
 use kvfast_core::rope::{rope_of, CellRope, RopeSpec};
 use kvfast_core::select::{jobs, Selection};
@@ -13,6 +14,7 @@ use pyo3::types::{PyDict, PyList};
 
 use crate::buf::{i32s, Buf};
 use crate::errors::{Error, Result};
+use crate::model::ModelArg;
 use crate::rope_args::{rope_spec, RopeArgs};
 use crate::rows::record_rows;
 use crate::stream::ArrowStream;
@@ -34,8 +36,9 @@ pub struct State {
 pub(crate) struct Geometry {
     pub(crate) head_dim_k: Option<u64>,
     pub(crate) head_dim_v: Option<u64>,
-    /// Per cache (the recurrent part last), the model layer of each cache layer ([]: not known).
-    pub(crate) model_layers: Option<Vec<Vec<i32>>>,
+    /// Per cache (the recurrent part last), the model layer of each cache layer (None: not known):
+    /// kvfast-core's map, from the bytes at open, from the model once `set_geometry` gives one.
+    pub(crate) model_layers: LayerMap,
 }
 
 fn parse_dtype(dtype: Option<&str>) -> Result<Dtype> {
@@ -87,10 +90,15 @@ impl State {
     }
 
     fn wrap(sf: StateFile) -> Self {
+        let geometry = Geometry {
+            // without a model the map cannot fail: it is what the bytes tell, or None
+            model_layers: layer_map(&sf.layout, None).unwrap_or_default(),
+            ..Geometry::default()
+        };
         State {
             inner: RwLock::new(Some(Arc::new(sf))),
             rotation: RwLock::new(Vec::new()),
-            geometry: RwLock::new(Geometry::default()),
+            geometry: RwLock::new(geometry),
             rope: RwLock::new(Vec::new()),
         }
     }
@@ -236,24 +244,18 @@ impl State {
         Ok(())
     }
 
-    /// The model's head sizes (None: rows are one head) and, per cache, the model layer of each
-    /// cache layer (the recurrent part last; []: not known), for every later pass.
-    #[pyo3(signature = (head_dim_k=None, head_dim_v=None, model_layers=None))]
+    /// The model's head sizes (None: rows are one head) and its layers (None: the map stays what
+    /// the bytes tell), for every later pass; kvfast-core maps the caches' layers to the model's.
+    #[pyo3(signature = (head_dim_k=None, head_dim_v=None, model=None))]
     fn set_geometry(
         &self,
         head_dim_k: Option<u64>,
         head_dim_v: Option<u64>,
-        model_layers: Option<Vec<Vec<i32>>>,
+        model: Option<ModelArg>,
     ) -> Result<()> {
         let sf = self.get()?;
-        if let Some(m) = &model_layers {
-            if m.len() > sf.layout.caches.len() {
-                return Err(Error::GeometryEntries {
-                    given: m.len(),
-                    caches: sf.layout.caches.len(),
-                });
-            }
-        }
+        let model = model.map(ModelLayers::from);
+        let model_layers = layer_map(&sf.layout, model.as_ref())?;
         *self.geometry.write().expect("lock") = Geometry {
             head_dim_k,
             head_dim_v,
@@ -269,9 +271,9 @@ impl State {
         (g.head_dim_k, g.head_dim_v)
     }
 
-    /// The model-layer map set by `set_geometry`.
+    /// Per cache (the recurrent part last), the model layer of each cache layer (None: not known).
     #[getter]
-    fn model_layers(&self) -> Option<Vec<Vec<i32>>> {
+    fn model_layers(&self) -> LayerMap {
         self.geometry().model_layers
     }
 

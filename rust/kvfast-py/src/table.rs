@@ -9,7 +9,8 @@ use arrow_array::{
 };
 use arrow_buffer::{Buffer, MutableBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
-use kvfast_core::select::{cell_seq_pairs, jobs, model_layer, Job, Selection};
+use kvfast_core::layer_map::{model_layer, LayerMap};
+use kvfast_core::select::{cell_seq_pairs, jobs, Job, Selection};
 use kvfast_core::table_plan::{plan, Dtype, Out};
 use kvfast_core::StateFile;
 
@@ -21,7 +22,7 @@ pub struct TableRequest {
     pub sel: Selection,
     pub dtype: Dtype,
     /// The model's own layer index of each cache's layers (iSWA caches interleave).
-    pub model_layers: Option<Vec<Vec<i32>>>,
+    pub model_layers: LayerMap,
     /// Build the values column (else only the index columns).
     pub with_values: bool,
 }
@@ -81,12 +82,7 @@ pub fn batches(
             let cells = job.stream.cell_count as usize;
             record_rows(sf, job.rec, cells, p.dtype, job.rotation, job.cell_rope())
         });
-        let model_layer = model_layer(
-            &sf.layout,
-            req.model_layers.as_deref(),
-            job.cache,
-            job.layer,
-        );
+        let model_layer = model_layer(&req.model_layers, job.cache, job.layer);
         out.push(batch(
             &schema,
             job,
@@ -233,7 +229,7 @@ mod tests {
                 ..Selection::default()
             },
             dtype,
-            model_layers: None,
+            model_layers: vec![Some(vec![0, 1])],
             with_values,
         }
     }
@@ -269,7 +265,7 @@ mod tests {
             .collect();
         assert_eq!(values_of(b), want);
         let model_layer = b.column(3).as_any().downcast_ref::<Int32Array>().unwrap();
-        assert_eq!(model_layer.value(0), 1); // one cache: the layer itself
+        assert_eq!(model_layer.value(0), 1); // from the layer map
     }
 
     #[test]
