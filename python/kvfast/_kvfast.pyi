@@ -16,6 +16,7 @@ __all__ = [
     "UnsupportedVersionError",
     "__version__",
     "aggregate_stats",
+    "attention_map",
     "cell_stats",
     "compare",
     "compare_positions",
