@@ -2,7 +2,7 @@
 //! then, for a recurrent or hybrid model, its recurrent part (`recurrent.rs`).
 
 use crate::cells::read_cells;
-use crate::cursor::Cursor;
+use crate::cursor::{Bytes, Cursor};
 use crate::error::{Error, Result};
 use crate::layout::{Cache, Kind, Layer, Memory, Record, Stream};
 use crate::recurrent::{parse_recurrent, RecurrentHint};
@@ -69,7 +69,7 @@ pub struct Parsed {
 /// then a recurrent part (`recurrent`), every count of KV caches before it tried (exactly one must
 /// consume the bytes). The KV caches are parsed once for both.
 pub fn parse_memory(
-    buf: &[u8],
+    buf: Bytes,
     start: usize,
     reading: Reading,
     kv: bool,
@@ -83,7 +83,7 @@ pub fn parse_memory(
     let mut pos = start;
     loop {
         if recurrent {
-            match parse_recurrent(&mut Cursor::new(buf, pos), hint) {
+            match parse_recurrent(&mut Cursor::at(buf, pos), hint) {
                 Ok(r) => {
                     let mut all = caches.clone();
                     all.push(r);
@@ -104,7 +104,7 @@ pub fn parse_memory(
             )));
             break;
         }
-        match parse_cache(&mut Cursor::new(buf, pos), reading, caches.len()) {
+        match parse_cache(&mut Cursor::at(buf, pos), reading, caches.len()) {
             Ok((cache, end)) => {
                 caches.push(cache);
                 pos = end;
@@ -223,14 +223,14 @@ fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result
         });
     }
     let mut ks = Vec::with_capacity(n_layer as usize);
+    let mut stride = None;
     for l in 0..n_layer {
-        ks.push(row_record(
-            cur,
-            &format!("{at} layer {l} k"),
-            cell_count,
-            Kind::K,
-        )?);
+        let k = row_record(cur, &format!("{at} layer {l} k"), cell_count, Kind::K)?;
+        // the following K headers (and the first V one) of records of this size
+        predict(cur, &k, &mut stride, n_layer - l);
+        ks.push(k);
     }
+    stride = None;
     // Every layer has a V record, or (a V-less MLA cache) none has: llama.cpp keeps V for all of a
     // cache's layers or none. The bytes of a V-less cache are those of a cache cut before its V
     // records, so the V-less reading is the model's to choose (WalkOptions::v_less).
@@ -241,11 +241,13 @@ fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result
             continue;
         }
         let field = format!("{at} layer {l} v");
-        vs.push(Some(if stream.v_trans {
+        let v = if stream.v_trans {
             trans_record(cur, &field, cell_count)?
         } else {
             row_record(cur, &field, cell_count, Kind::V)?
-        }));
+        };
+        predict(cur, &v, &mut stride, n_layer - l);
+        vs.push(Some(v));
     }
     stream.layers = ks
         .into_iter()
@@ -253,6 +255,17 @@ fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result
         .map(|(k, v)| Layer { k, v })
         .collect();
     Ok(stream)
+}
+
+/// Hint the headers of the `count` records after `rec` (read last), taken to be of its size,
+/// when its size differs from the last one hinted (`stride`): a remote state's walk then fetches
+/// a stream's record headers in a round or two, not one round per record.
+pub(crate) fn predict(cur: &Cursor, rec: &Record, stride: &mut Option<u64>, count: u32) {
+    let size = rec.header_len + rec.data_len;
+    if *stride != Some(size) {
+        *stride = Some(size);
+        cur.hint_strided(cur.pos() as u64, size, count as u64, rec.header_len);
+    }
 }
 
 fn read_type(cur: &mut Cursor, field: &str) -> Result<GgmlType> {

@@ -39,6 +39,11 @@ pub fn read_cells(cur: &mut Cursor, at: &str, stream: &mut Stream) -> Result<()>
             available: cur.remaining() as u64,
         });
     }
+    // a remote state fetches the cells in one round (one sequence id each, as most cells have)
+    cur.hint(
+        cur.pos() as u64,
+        needed.saturating_add(cell_count as u64 * 4),
+    );
     parse_cells(cur, at, stream)?;
     stream.meta_len = cur.pos() as u64 - stream.meta_offset;
     stream.layer_header_offset = cur.pos() as u64;

@@ -1,7 +1,7 @@
 //! Telling the containers apart and walking a whole state (section 1 of the format doc).
 
 use crate::cache::{furthest, parse_memory, Reading, MAX_SEQ};
-use crate::cursor::Cursor;
+use crate::cursor::{Bytes, Cursor};
 use crate::error::{Error, Result};
 use crate::guarantees::check;
 use crate::layout::{Cache, Container, Layout, Memory, Outputs, Region};
@@ -86,7 +86,14 @@ fn region(offset: usize, nbytes: usize, what: &'static str, role: &'static str) 
 
 /// Walk the whole state in `buf`: containers, caches, cells, records; no row is read.
 pub fn walk(buf: &[u8], opts: WalkOptions) -> Result<Layout> {
-    let mut cur = Cursor::new(buf, 0);
+    walk_bytes(Bytes::whole(buf), opts)
+}
+
+/// [`walk`] over `buf`, sparse ones too: over the sparse bytes of a remote state, a walk whose
+/// probe recorded a miss read past what was fetched, and its result (layout or error) means
+/// nothing until those bytes are fetched and it is walked again (see [`crate::sparse`]).
+pub fn walk_bytes(buf: Bytes, opts: WalkOptions) -> Result<Layout> {
+    let mut cur = Cursor::at(buf, 0);
     let magic = cur.u32("magic or first field")?;
     // (prefix parser, readings allowed) candidates; each one is tried in full.
     let mut candidates: Vec<(Prefix, Vec<Reading>)> = Vec::new();
@@ -193,12 +200,12 @@ pub fn walk(buf: &[u8], opts: WalkOptions) -> Result<Layout> {
             ))
         }
         _ => {
-            if let Some(e) = not_a_state(buf, magic) {
+            if let Some(e) = not_a_state(&buf, magic) {
                 return Err(e);
             }
             // No magic: a raw whole-context state (arch first) or raw sequence bytes of an
             // older build. Every reading is tried; exactly one must consume the bytes.
-            let cur0 = Cursor::new(buf, 0);
+            let cur0 = Cursor::at(buf, 0);
             let raw = |container| Prefix {
                 container,
                 version: None,
@@ -379,7 +386,7 @@ struct Tried {
 }
 
 fn attempt(
-    buf: &[u8],
+    buf: Bytes,
     candidates: &[(Prefix, Vec<Reading>)],
     opts: WalkOptions,
     v_less: bool,
@@ -477,7 +484,7 @@ fn signature(caches: &[Cache]) -> Vec<Vec<u64>> {
 
 /// Try every candidate reading; exactly one must consume the bytes.
 fn choose(
-    buf: &[u8],
+    buf: Bytes,
     candidates: Vec<(Prefix, Vec<Reading>)>,
     opts: WalkOptions,
     prior: Option<Error>,

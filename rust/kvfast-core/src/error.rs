@@ -54,6 +54,14 @@ pub enum Error {
         path: std::path::PathBuf,
         what: String,
     },
+    /// A read of bytes of a remote state that were not fetched (kvfast fetches what each pass
+    /// reads before it runs: this is a check that it did, never a zero read in their place).
+    #[error("{field}: bytes {offset} to {} of the remote state were not fetched; expected every byte a pass reads to be fetched before it runs", .offset + .len)]
+    NotFetched {
+        field: String,
+        offset: u64,
+        len: u64,
+    },
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -79,7 +87,8 @@ impl Error {
             Error::Truncated { offset, .. }
             | Error::Format { offset, .. }
             | Error::UnsupportedVersion { offset, .. }
-            | Error::Ambiguous { offset, .. } => Some(*offset),
+            | Error::Ambiguous { offset, .. }
+            | Error::NotFetched { offset, .. } => Some(*offset),
             Error::Io(_) | Error::File { .. } | Error::NotAFile { .. } | Error::Changed { .. } => {
                 None
             }
@@ -91,7 +100,8 @@ impl Error {
         match self {
             Error::Truncated { field, .. }
             | Error::Format { field, .. }
-            | Error::Ambiguous { field, .. } => Some(field),
+            | Error::Ambiguous { field, .. }
+            | Error::NotFetched { field, .. } => Some(field),
             Error::UnsupportedVersion { .. } => Some("version"),
             Error::Io(_) | Error::File { .. } | Error::NotAFile { .. } | Error::Changed { .. } => {
                 None
@@ -109,6 +119,7 @@ impl Error {
             Error::Io(_) | Error::File { .. } => "io",
             Error::NotAFile { .. } => "not_a_file",
             Error::Changed { .. } => "changed",
+            Error::NotFetched { .. } => "not_fetched",
         }
     }
 

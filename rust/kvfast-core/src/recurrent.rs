@@ -48,6 +48,7 @@ pub fn parse_recurrent(cur: &mut Cursor, hint: Option<RecurrentHint>) -> Result<
         }
     }
     let mut records = Vec::new();
+    let mut stride = None;
     match hint {
         Some(h) => {
             for i in 0..2 * h.layers {
@@ -56,7 +57,9 @@ pub fn parse_recurrent(cur: &mut Cursor, hint: Option<RecurrentHint>) -> Result<
                 } else {
                     format!("{AT} s {}", i - h.layers)
                 };
-                records.push(record(cur, &field, cell_count)?);
+                let r = record(cur, &field, cell_count)?;
+                crate::cache::predict(cur, &r, &mut stride, 2 * h.layers - i);
+                records.push(r);
             }
             if !cur.at_end() {
                 return Err(Error::format(
@@ -81,7 +84,10 @@ pub fn parse_recurrent(cur: &mut Cursor, hint: Option<RecurrentHint>) -> Result<
                     ));
                 }
                 let field = format!("{AT} record {}", records.len());
-                records.push(record(cur, &field, cell_count)?);
+                let r = record(cur, &field, cell_count)?;
+                let left = 2 * n_layer - records.len() as u32;
+                crate::cache::predict(cur, &r, &mut stride, left);
+                records.push(r);
             }
         }
     }

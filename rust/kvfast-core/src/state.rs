@@ -7,16 +7,22 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 
-use crate::container::{walk, WalkOptions};
+use crate::container::{walk, walk_bytes, WalkOptions};
+use crate::cursor::Bytes;
 use crate::error::{Error, Result};
 use crate::file::{open_regular, Watched};
-use crate::layout::Layout;
+use crate::layout::{Layout, Record};
+use crate::select::Job;
+use crate::sparse::{plan, Probe, Sparse};
+use crate::view::RecordView;
 
-/// The bytes of a state: a read-only memory map, or owned bytes (read from a file, tests,
-/// in-memory states).
+/// The bytes of a state: a read-only memory map, owned bytes (read from a file, tests,
+/// in-memory states), or the sparse copy of a remote object (only the pages fetched hold its
+/// bytes: see [`crate::sparse`]).
 pub enum Data {
     Map(Mmap),
     Owned(Vec<u8>),
+    Sparse(Sparse),
 }
 
 impl Deref for Data {
@@ -25,8 +31,98 @@ impl Deref for Data {
         match self {
             Data::Map(m) => m,
             Data::Owned(v) => v,
+            Data::Sparse(s) => s.bytes(),
         }
     }
+}
+
+/// How a remote object is fetched: bytes of its start fetched in the first round of its walk,
+/// bytes fetched after each read the walk missed (it reads on from there), the largest range one
+/// request fetches (longer ones are split, to be fetched in parallel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub head: u64,
+    pub ahead: u64,
+    pub piece: u64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            head: 256 << 10,
+            ahead: 64 << 10,
+            piece: 8 << 20,
+        }
+    }
+}
+
+/// One step of walking a remote object: the layout (or the error the walk ends with), or the
+/// ranges to fetch before walking again.
+pub enum Step {
+    Done(Box<Result<Layout>>),
+    Fetch(Vec<(u64, u64)>),
+}
+
+/// Walk the sparse copy `sparse` as far as it is fetched. A walk that read no byte not fetched
+/// is the walk of the whole object (it read the same bytes); otherwise its result means nothing,
+/// and the ranges it missed (widened by `policy.ahead`) and those it hinted are to be fetched.
+/// Nothing fetched yet: the object's first `policy.head` bytes.
+pub fn walk_step(sparse: &Sparse, opts: WalkOptions, policy: Policy) -> Step {
+    if sparse.filled_bytes() == 0 && !sparse.is_empty() {
+        let head = policy.head.max(1);
+        return Step::Fetch(plan(sparse, &[(0, head)], 0, policy.piece));
+    }
+    let probe = Probe::new(sparse);
+    let walked = walk_bytes(Bytes::probed(&probe), opts);
+    let (misses, hints) = probe.take();
+    if misses.is_empty() {
+        return Step::Done(Box::new(walked));
+    }
+    // one plan for both, so that no page is fetched twice
+    let mut wanted: Vec<(u64, u64)> = misses
+        .iter()
+        .map(|&(o, n)| (o, n.saturating_add(policy.ahead)))
+        .collect();
+    wanted.extend(hints);
+    let want = plan(sparse, &wanted, 0, policy.piece);
+    if want.is_empty() {
+        // never: a miss is a read of a page not fetched, which the plan fetches
+        let (offset, len) = misses[0];
+        return Step::Done(Box::new(Err(Error::NotFetched {
+            field: "the walk".into(),
+            offset,
+            len,
+        })));
+    }
+    Step::Fetch(want)
+}
+
+/// Fill `sparse` with the bytes fetched for `ranges`, each checked to be as long as asked (a
+/// shorter answer: the object changed while it was read).
+pub fn fill_fetched(sparse: &Sparse, ranges: &[(u64, u64)], got: &[&[u8]]) -> Result<()> {
+    if got.len() != ranges.len() {
+        return Err(Error::format(
+            "fetched ranges",
+            0,
+            format!("{} ranges", ranges.len()),
+            got.len(),
+        ));
+    }
+    for (&(o, n), b) in ranges.iter().zip(got) {
+        if b.len() as u64 != n {
+            return Err(Error::Changed {
+                path: "the remote object".into(),
+                what: format!(
+                    "{n} bytes asked at byte {o} of its {} bytes, {} came back",
+                    sparse.len(),
+                    b.len()
+                ),
+            });
+        }
+        sparse.fill(o, b)?;
+    }
+    sparse.count_round(ranges.len() as u64);
+    Ok(())
 }
 
 /// A walked state: its bytes (shared, so views can outlive the handle) and its layout.
@@ -61,6 +157,85 @@ impl StateFile {
         let mut sf = Self::from_data(data, opts)?;
         sf.source = Some(watched);
         Ok(sf)
+    }
+
+    /// Walk a remote object of `size` bytes, fetching with `fetch` (ranges in, their bytes out,
+    /// in order) only what the walk reads: the head, the cell metadata and the record headers.
+    pub fn remote(
+        size: u64,
+        opts: WalkOptions,
+        policy: Policy,
+        mut fetch: impl FnMut(&[(u64, u64)]) -> Result<Vec<Vec<u8>>>,
+    ) -> Result<Self> {
+        let sparse = Sparse::new(size)?;
+        loop {
+            match walk_step(&sparse, opts, policy) {
+                Step::Done(layout) => return Ok(Self::from_sparse(sparse, (*layout)?)),
+                Step::Fetch(ranges) => {
+                    let got = fetch(&ranges)?;
+                    let got: Vec<&[u8]> = got.iter().map(|b| b.as_slice()).collect();
+                    fill_fetched(&sparse, &ranges, &got)?;
+                }
+            }
+        }
+    }
+
+    /// A remote object's sparse copy and the layout its walk found.
+    pub fn from_sparse(sparse: Sparse, layout: Layout) -> Self {
+        StateFile {
+            data: Arc::new(Data::Sparse(sparse)),
+            layout,
+            source: None,
+        }
+    }
+
+    /// The sparse copy of a remote state (None: the bytes are all there).
+    pub fn sparse(&self) -> Option<&Sparse> {
+        match &*self.data {
+            Data::Sparse(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Fail with [`Error::NotFetched`] unless every byte of `offset..offset + len` is there (for
+    /// a mapped or owned state, always): every pass asks before it reads.
+    pub fn require(&self, offset: u64, len: u64, field: impl FnOnce() -> String) -> Result<()> {
+        match self.sparse() {
+            Some(s) if !s.is_filled(offset, len) => Err(Error::NotFetched {
+                field: field(),
+                offset,
+                len,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`StateFile::require`] for a record's rows.
+    pub fn require_record(&self, rec: &Record) -> Result<()> {
+        self.require(rec.data_offset, rec.data_len, || {
+            format!("{} rows at byte {}", rec.kind.name(), rec.data_offset)
+        })
+    }
+
+    /// A job's rows, checked to be there (see [`StateFile::require`]).
+    pub fn view<'a>(&'a self, job: &Job<'a>) -> Result<RecordView<'a>> {
+        self.require_record(job.rec)?;
+        Ok(job.view(self.bytes()))
+    }
+
+    /// A record's rows (`cells` of them), checked to be there.
+    pub fn record_view<'a>(&'a self, rec: &Record, cells: usize) -> Result<RecordView<'a>> {
+        self.require_record(rec)?;
+        Ok(RecordView::new(self.bytes(), rec, cells))
+    }
+
+    /// The ranges to fetch before reading `wanted` (offset, length) ranges: the pages not
+    /// fetched yet, in requests of at most `policy.piece` bytes (none for a local state).
+    pub fn to_fetch(&self, wanted: &[(u64, u64)], policy: Policy) -> Vec<(u64, u64)> {
+        match self.sparse() {
+            Some(s) => plan(s, wanted, 0, policy.piece),
+            None => Vec::new(),
+        }
     }
 
     /// Read `path` into memory and walk it: a private copy, immune to later changes of the file.
