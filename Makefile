@@ -14,11 +14,11 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# Build the extension (release) and install it with its test tools, matplotlib and
+# Build the extension (release) and install it with its test tools, matplotlib, Ray Data and
 # llama-cpp-python (built from source: about 6 minutes on 2 cores the first time, then pip's
 # wheel cache makes it instant on the same machine).
 install: $(PY)
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) install -q '.[test,plot,probe]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) install -q '.[test,plot,probe,ray]'
 
 # The whole test suite: Rust unit tests, lint and type checks, Python tests.
 test: install test-rust lint test-python

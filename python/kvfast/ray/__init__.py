@@ -1,0 +1,142 @@
+"""kvfast on a Ray cluster (``pip install 'kvfast[ray]'``): the long table, statistics and export of
+many states, with the work on the workers, where the bytes are.
+
+- :func:`read_states`: a ``ray.data.Dataset`` of :func:`kvfast.scan`'s table (same columns and
+  types, f16 kept as Arrow ``halffloat``), read by tasks of (state, group of records).
+- :func:`stats`: a Dataset of :func:`kvfast.scan_stats`'s rows, computed by the Rust kernels on the
+  workers; :func:`to_polars` collects any of them.
+- :func:`export`: :func:`kvfast.export`, one Ray task per state.
+
+Every path must be readable by every worker (a shared file system, or what ``kvfast.open`` reads).
+Rows come in no set order across tasks: sort them for a stable one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import ray
+import ray.data
+
+from kvfast import dataset
+from kvfast.dump import Dump
+from kvfast.model import ModelGeometry
+from kvfast.ray import plan
+from kvfast.ray.exporting import export
+from kvfast.ray.source import StatesSource, Work
+from kvfast.rotation import Mode
+
+__all__ = ["export", "read_states", "stats", "to_polars"]
+
+
+def _open(paths: dataset.Paths, how: plan.Opening) -> list[tuple[str, Dump]]:
+    return [(p, how.open(p)) for p in dataset.expand(paths)]
+
+
+def read_states(
+    paths: dataset.Paths,
+    head_dim: int | None = None,
+    model: str | os.PathLike[str] | ModelGeometry | None = None,
+    columns: list[str] | None = None,
+    filter: pl.Expr | None = None,
+    *,
+    dump: Any = None,
+    cache: Any = None,
+    layer: Any = None,
+    model_layer: Any = None,
+    kind: Any = None,
+    head: Any = None,
+    seq_id: Any = None,
+    rotation: Mode = "auto",
+    pre_rope: bool = False,
+    **read_args: Any,
+) -> ray.data.Dataset:
+    """:func:`kvfast.scan`'s table of every state as a Ray Dataset.
+
+    ``filter`` is a Polars expression over its columns, as in ``scan``; each keyword selection
+    (``layer=1``, ``kind="k"``, ``head=[0, 1]``, ``seq_id``, ``dump``...) keeps rows whose column
+    is one of the values. Both are pushed down as ``scan`` pushes its predicate: on dump / cache /
+    layer / model_layer / kind no task is planned for another record (one layer of a thousand
+    states reads that layer's bytes only); on the index columns a record's index is filtered before
+    its values are read. ``columns`` chooses the columns (``Dataset.select_columns`` is pushed down
+    too). ``read_args`` go to ``ray.data.read_datasource`` (``override_num_blocks``, ``concurrency``,
+    ``ray_remote_args``...).
+    """
+    how = plan.opening(head_dim, model, rotation, pre_rope)
+    sel = plan.selection(filter, _chosen(locals()))
+    states = _open(paths, how)
+    values_type, dtype = dataset._values_schema([d for _, d in states])
+    schema = {**dataset.INDEX_SCHEMA, "values": values_type}
+    _check_columns(columns, schema)
+    source = StatesSource(
+        lambda n: plan.value_tasks(states, sel, n),
+        Work(how, sel, "values", dtype),
+        schema,
+        columns,
+        f"kvfast({len(states)} states)",
+    )
+    ds: ray.data.Dataset = ray.data.read_datasource(source, **read_args)
+    return ds
+
+
+def stats(
+    paths: dataset.Paths,
+    by: str = "cell",
+    head_dim: int | None = None,
+    model: str | os.PathLike[str] | ModelGeometry | None = None,
+    filter: pl.Expr | None = None,
+    *,
+    dump: Any = None,
+    cache: Any = None,
+    layer: Any = None,
+    model_layer: Any = None,
+    kind: Any = None,
+    head: Any = None,
+    seq_id: Any = None,
+    rotation: Mode = "auto",
+    pre_rope: bool = False,
+    **read_args: Any,
+) -> ray.data.Dataset:
+    """:func:`kvfast.scan_stats`'s rows (``Dump.stats(by=...)`` of every state, with ``dump`` and
+    ``path``) as a Ray Dataset, computed on the workers by tasks of (state, group of layers);
+    ``to_polars(stats(...))`` is ``scan_stats(...).collect()`` up to row order. ``filter`` and the
+    keyword selections as in :func:`read_states` (``head`` and ``seq_id`` only where ``by`` has
+    those columns)."""
+    if by not in dataset.STATS_SCHEMAS:
+        raise ValueError(f"by must be one of {sorted(dataset.STATS_SCHEMAS)}, not {by!r}")
+    how = plan.opening(head_dim, model, rotation, pre_rope)
+    sel = plan.selection(filter, _chosen(locals()))
+    states = _open(paths, how)
+    schema = {"dump": pl.String(), "path": pl.String(), **dataset.STATS_SCHEMAS[by]}
+    source = StatesSource(
+        lambda n: plan.stats_tasks(states, sel, n),
+        Work(how, sel, by, None),
+        schema,
+        None,
+        f"kvfast_stats({len(states)} states)",
+    )
+    ds: ray.data.Dataset = ray.data.read_datasource(source, **read_args)
+    return ds
+
+
+def to_polars(ds: ray.data.Dataset) -> pl.DataFrame:
+    """Every block of the Dataset, gathered on the driver as one Polars frame (Arrow types kept)."""
+    tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
+    if not tables:
+        schema = ds.schema()
+        base = getattr(schema, "base_schema", schema)
+        return pl.DataFrame(pa.schema(base).empty_table() if base is not None else None)
+    return pl.DataFrame(pa.concat_tables(tables))
+
+
+def _chosen(args: dict[str, Any]) -> dict[str, Any]:
+    return {k: args[k] for k in plan.SELECTIONS}
+
+
+def _check_columns(columns: list[str] | None, schema: dict[str, pl.DataType]) -> None:
+    unknown = sorted(set(columns or []) - set(schema))
+    if unknown:
+        raise ValueError(f"no columns {unknown}: the table has {list(schema)}")

@@ -1,0 +1,133 @@
+"""``kvfast.export`` on a Ray cluster: one task per state, each exporting it where it runs.
+
+Each task runs the single-machine export of one state (:func:`kvfast.export._export_one`): it stages
+the state's files in its own run folder of :class:`kvfast.export_commit.Commit` and publishes them
+with one rename, so every state is atomic, a state already exported and unchanged is skipped (the
+export resumes), and several workers and processes may export into one OUT at once. The output
+folder must be one file system that every worker mounts (the publishing rename and its ``flock``
+locks work within one file system). The driver decides the values' type once (``dtype=None``: one
+type for the whole of OUT), keeps at most as many tasks running as the cluster has CPUs, starts no
+new state once one failed with ``on_error="fail"`` and raises :class:`kvfast.ExportError` with the
+report, as ``kvfast.export`` does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import ray
+
+from kvfast.dataset import Paths, expand
+from kvfast.export import ExportError, _check_layout, _export_one, _Options, _report, _size, _unique
+from kvfast.export_commit import Commit
+from kvfast.export_progress import Progress
+from kvfast.export_types import one_type
+from kvfast.model import ModelGeometry
+from kvfast.ray.plan import opening
+from kvfast.rotation import Mode
+
+
+def _one(opts: Any, path: str, real: str) -> dict[str, Any]:
+    """Export one state on a worker, in a staging run of its own; its report row."""
+    quiet = Progress(0, 1, False)
+    with Commit(opts.out) as commit:
+        return _export_one(opts, commit, quiet, path, real)
+
+
+def export(
+    paths: Paths,
+    out_dir: str | os.PathLike[str],
+    what: str = "values",
+    partition_by: Sequence[str] = ("layer",),
+    head_dim: int | None = None,
+    model: str | os.PathLike[str] | ModelGeometry | None = None,
+    on_error: str = "fail",
+    by: str = "cell",
+    dtype: str | None = None,
+    rotation: Mode = "auto",
+    hive: bool = False,
+    progress: bool | None = None,
+    pre_rope: bool = False,
+    tasks: int | None = None,
+    ray_remote_args: dict[str, Any] | None = None,
+) -> pl.DataFrame:
+    """:func:`kvfast.export` with every state exported by a Ray task on the cluster: the same files,
+    markers, options, report and errors. ``tasks``: states exported at once (default: the cluster's
+    CPUs); ``ray_remote_args``: options of the tasks (``num_cpus``, ``memory``, a node label...).
+    ``progress``: a bar of bytes of the states done, on the driver's stderr."""
+    if what not in ("values", "stats"):
+        raise ValueError(f"what must be 'values' or 'stats', not {what!r}")
+    if on_error not in ("fail", "skip"):
+        raise ValueError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
+    if dtype not in (None, "float32", "native"):
+        raise ValueError(f"dtype must be None, 'float32' or 'native', not {dtype!r}")
+    bad = set(partition_by) - {"cache", "layer", "kind"}
+    if bad:
+        raise ValueError(f"partition_by takes cache, layer and kind, not {sorted(bad)}")
+    files = _unique(expand(paths))
+    how = opening(head_dim, model, rotation, pre_rope)
+    out = Path(os.path.realpath(out_dir))
+    _check_layout(out)
+    if how.pre_rope_model is not None and what == "values" and dtype is None:
+        dtype = "float32"
+    if what == "values" and dtype is None:
+        dtype = one_type(files, out, head_dim, how.model, rotation)
+    opts = _Options(
+        out, what, by, tuple(partition_by), head_dim, how.model, dtype, rotation, hive, how.pre_rope_model
+    )
+    if not ray.is_initialized():
+        ray.init()
+    cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
+    n_jobs = max(1, tasks or int(cpus))
+    remote = ray.remote(_one).options(**{"num_cpus": 1, "max_retries": 2, **(ray_remote_args or {})})
+    sizes = {f: _size(real) for f, real in files.items()}
+    bar = Progress(sum(sizes.values()), len(files), progress)
+    rows: list[dict[str, Any]] = []
+    failed: dict[str, Any] | None = None
+    todo = iter(files.items())
+    running: dict[Any, str] = {}
+    while True:
+        # no new state is started once one has failed with on_error="fail"
+        while failed is None and len(running) < n_jobs and (item := next(todo, None)) is not None:
+            running[remote.remote(opts, *item)] = item[0]
+        if not running:
+            break
+        done, _ = ray.wait(list(running), num_returns=1)
+        for ref in done:
+            path = running.pop(ref)
+            row = _result(ref, path, files[path])
+            rows.append(row)
+            bar.advance(sizes[path])
+            bar.state_done()
+            if row["status"] == "failed" and on_error == "fail" and failed is None:
+                failed = row
+    bar.close()
+    order = {f: i for i, f in enumerate(files)}
+    report = _report(sorted(rows, key=lambda r: order[r["path"]]))
+    if failed is not None:
+        raise ExportError(f"{failed['path']}: {failed['error']}", report)
+    return report
+
+
+def _result(ref: Any, path: str, real: str) -> dict[str, Any]:
+    """The task's report row; a task that died (its worker crashed, its node was lost after the
+    retries) is a failed state, as an exception inside it would be."""
+    try:
+        row: dict[str, Any] = ray.get(ref)
+    except Exception as e:  # noqa: BLE001 - every failure is reported
+        from kvfast.dataset import dump_id
+
+        cause = getattr(e, "cause", None) or e
+        row = {
+            "path": path,
+            "dump": dump_id(real),
+            "status": "failed",
+            "rows": 0,
+            "files": 0,
+            "error": f"{type(cause).__name__}: {cause}",
+        }
+    return row

@@ -1,0 +1,177 @@
+"""Planning a read over many states on the driver, without Ray: which records of which state each
+read task takes, and which predicate each task applies to its rows.
+
+The selections and the predicate are those of :func:`kvfast.scan`: keyword selections (one value or
+a list per column) and ``filter=``, a Polars expression. What can choose whole records (dump, path,
+cache, layer, model_layer, kind) is applied here, so a task is never planned for a record no row of
+which is wanted; the rest (stream, cell, pos, seq_id, head, values) is applied by the task, to each
+record's index before its values are read where it can (as ``scan`` does).
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import Any
+
+import polars as pl
+
+from kvfast import dataset
+from kvfast.dump import Dump
+from kvfast.errors import SelectionError
+from kvfast.model import ModelGeometry
+from kvfast.rotation import Mode
+
+#: The keyword selections: the columns ``scan`` pushes down.
+SELECTIONS = ("dump", "cache", "layer", "model_layer", "kind", "head", "seq_id")
+
+Record = tuple[int, int, str]
+
+
+@dataclass(frozen=True)
+class Opening:
+    """How every state of a read is opened, on the driver and on the workers alike."""
+
+    head_dim: int | None
+    model: ModelGeometry | None
+    rotation: Mode
+    #: The GGUF keys before RoPE are read with (None: keys as stored).
+    pre_rope_model: str | None
+
+    def open(self, path: str) -> Dump:
+        return dataset._open_all([path], self.head_dim, self.model, self.rotation, self.pre_rope_model)[0][1]
+
+
+def opening(
+    head_dim: int | None,
+    model: str | os.PathLike[str] | ModelGeometry | None,
+    rotation: Mode,
+    pre_rope: bool,
+) -> Opening:
+    if pre_rope and (model is None or isinstance(model, ModelGeometry)):
+        from kvfast.pre_rope import PreRopeError
+
+        raise PreRopeError("pre_rope=True needs the model's GGUF (model=PATH)", field="model")
+    pre = os.fspath(model) if pre_rope and model is not None else None  # type: ignore[arg-type]
+    return Opening(head_dim, dataset._geometry(model), rotation, pre)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The predicate of a read, split by where it is applied."""
+
+    #: Chooses whole records (only record columns): applied when planning.
+    records: pl.Expr | None = None
+    #: Applied to the rows of each record a task reads (index columns, values, or a mix).
+    rows: pl.Expr | None = None
+    #: Whether `rows` needs no value column (each record's index is filtered before its values).
+    index_only: bool = False
+
+    @property
+    def whole(self) -> pl.Expr | None:
+        """Both parts as one predicate."""
+        return _all([p for p in (self.records, self.rows) if p is not None])
+
+
+def _values(name: str, value: Any) -> list[Any]:
+    items = list(value) if isinstance(value, Iterable) and not isinstance(value, str) else [value]
+    text = name in ("dump", "kind")
+    for v in items:
+        if not (isinstance(v, str) if text else isinstance(v, numbers.Integral) and not isinstance(v, bool)):
+            raise SelectionError(f"{name}= takes {'str' if text else 'int'} values, not {v!r}")
+    return [v if text else int(v) for v in items]
+
+
+def selection(filter: pl.Expr | None, chosen: dict[str, Any]) -> Selection:
+    """The keyword selections (None: all) and `filter` as one :class:`Selection`."""
+    record: list[pl.Expr] = []
+    rows: list[pl.Expr] = []
+    for name, value in chosen.items():
+        if value is None:
+            continue
+        expr = pl.col(name).is_in(_values(name, value))
+        (record if name in dataset.RECORD_COLS else rows).append(expr)
+    if filter is not None:
+        roots = set(filter.meta.root_names())
+        (record if roots <= dataset.RECORD_COLS else rows).append(filter)
+    row_expr = _all(rows)
+    index_only = row_expr is not None and set(row_expr.meta.root_names()) <= dataset.INDEX_COLS
+    return Selection(_all(record), row_expr, index_only)
+
+
+def _all(exprs: list[pl.Expr]) -> pl.Expr | None:
+    """The conjunction of `exprs` (None: no condition)."""
+    return reduce(lambda a, b: a & b, exprs) if exprs else None
+
+
+@dataclass
+class Task:
+    """One read task: some records of one state (all of them of one layer group for statistics)."""
+
+    path: str
+    records: list[Record]
+    nbytes: int
+    layers: list[int] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+
+
+def chosen_records(d: Dump, sel: Selection) -> list[tuple[Record, int]]:
+    """The state's records the selection may want, in order, each with its value bytes."""
+    recs = dataset._records(d)
+    if sel.records is not None:
+        recs = recs.filter(sel.records)
+    keys = recs.select("cache", "layer", "kind").iter_rows()
+    if "nbytes" in recs.columns:
+        return list(zip(keys, recs["nbytes"].cast(pl.Int64).to_list(), strict=True))
+    return [((c, ly, k), dataset._record_bytes(d, c, ly, k)) for c, ly, k in keys]
+
+
+def _chunks(items: Sequence[tuple[Any, int]], target: int) -> list[list[tuple[Any, int]]]:
+    """Consecutive runs of `items` of about `target` bytes each (at least one item each)."""
+    out: list[list[tuple[Any, int]]] = []
+    run: list[tuple[Any, int]] = []
+    size = 0
+    for item in items:
+        run.append(item)
+        size += item[1]
+        if size >= target:
+            out.append(run)
+            run, size = [], 0
+    if run:
+        out.append(run)
+    return out
+
+
+def value_tasks(states: list[tuple[str, Dump]], sel: Selection, parallelism: int) -> list[Task]:
+    """Tasks of about equal bytes (the selected bytes over `parallelism`), never across states."""
+    per_state = [(p, chosen_records(d, sel)) for p, d in states]
+    total = sum(n for _, recs in per_state for _, n in recs)
+    target = max(1, total // max(1, parallelism))
+    return [
+        Task(p, [r for r, _ in run], sum(n for _, n in run))
+        for p, recs in per_state
+        for run in _chunks(recs, target)
+    ]
+
+
+def stats_tasks(states: list[tuple[str, Dump]], sel: Selection, parallelism: int) -> list[Task]:
+    """Statistics tasks: groups of layers of one state, with every selected kind of that state
+    (``Dump.stats`` takes layers x kinds; the task filters its rows by the whole predicate)."""
+    per_state = []
+    for p, d in states:
+        recs = chosen_records(d, sel)
+        kinds = sorted({k for (_, _, k), _ in recs})
+        by_layer: dict[int, int] = {}
+        for (_, ly, _), n in recs:
+            by_layer[ly] = by_layer.get(ly, 0) + n
+        per_state.append((p, kinds, sorted(by_layer.items())))
+    total = sum(n for _, _, layers in per_state for _, n in layers)
+    target = max(1, total // max(1, parallelism))
+    return [
+        Task(p, [], sum(n for _, n in run), layers=[ly for ly, _ in run], kinds=kinds)
+        for p, kinds, layers in per_state
+        for run in _chunks(layers, target)
+    ]
