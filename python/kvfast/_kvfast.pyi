@@ -11,6 +11,7 @@ __all__ = [
     "FileChangedError",
     "FormatError",
     "KvfastError",
+    "NotFetchedError",
     "State",
     "TruncatedError",
     "UnsupportedVersionError",
@@ -39,6 +40,7 @@ class TruncatedError(FormatError): ...
 class AmbiguousError(FormatError): ...
 class UnsupportedVersionError(KvfastError): ...
 class FileChangedError(KvfastError): ...
+class NotFetchedError(KvfastError): ...
 
 @final
 class Buf:
@@ -66,6 +68,22 @@ class State:
         v_less: bool | None = None,
         recurrent: tuple[int, int] | None = None,
     ) -> State: ...
+    @staticmethod
+    def remote(
+        size: int,
+        fetch: Any,
+        cell_ext: bool | None = None,
+        v_less: bool | None = None,
+        recurrent: tuple[int, int] | None = None,
+    ) -> State: ...
+    @property
+    def fetched(self) -> tuple[int, int, int]: ...
+    def prefetch(
+        self,
+        caches: list[int] | None = None,
+        layers: list[int] | None = None,
+        kinds: list[str] | None = None,
+    ) -> None: ...
     @staticmethod
     def from_bytes(
         data: bytes,

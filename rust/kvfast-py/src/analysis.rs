@@ -13,7 +13,6 @@ use kvfast_core::stats::{
     accumulate, cell_stats as stats_of_cells, compare as compare_rows, round_trip_loss, Accum,
     CellStats, LossSums, Moments,
 };
-use kvfast_core::view::RecordView;
 use kvfast_core::{Cache, GgmlType, Kind, StateFile, Stream};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -74,12 +73,13 @@ pub fn cell_stats(
 ) -> Result<ArrowStream> {
     let sf = state.get()?;
     let pass = sel.pass(state)?;
+    state.ready(py, &sf, &pass.sel)?;
     py.detach(|| {
         let mut batches = vec![];
         for job in jobs(&sf.layout, &pass.sel)? {
             let pairs = cell_seq_pairs(job.stream, sf.layout.own_seq(), skip_first);
             let cells: Vec<usize> = pairs.iter().map(|p| p.0).collect();
-            let stats = stats_of_cells(&job.view(sf.bytes()), &cells, job.head_dim);
+            let stats = stats_of_cells(&sf.view(&job)?, &cells, job.head_dim);
             batches.push(cell_batch(&job, pass.model_layer(&job), &pairs, stats));
         }
         let schema = match batches.first() {
@@ -268,6 +268,7 @@ pub fn aggregate_stats(
 ) -> Result<(ArrowStream, ArrowStream, ArrowStream)> {
     let sf = state.get()?;
     let pass = sel.pass(state)?;
+    state.ready(py, &sf, &pass.sel)?;
     py.detach(|| {
         let (mut chan, mut head, mut layer) = (
             Aggregate::default(),
@@ -280,7 +281,7 @@ pub fn aggregate_stats(
             let mut acc = Accum::new(n, n / hd);
             for job in &group {
                 let cells = cells_from(job.stream, skip_first);
-                acc.merge(&accumulate(&job.view(sf.bytes()), &cells, hd));
+                acc.merge(&accumulate(&sf.view(job)?, &cells, hd));
             }
             let ml = pass.model_layer(j0);
             for (c, m) in acc.channels.iter().enumerate() {
@@ -335,6 +336,7 @@ pub fn quant_error(
     let sf = state.get()?;
     let pass = sel.pass(state)?;
     let ty = parse_type(type_name)?;
+    state.ready(py, &sf, &pass.sel)?;
     py.detach(|| {
         let mut out = Columns::default();
         let (mut cache, mut layer, mut ml, mut kind, mut head) =
@@ -355,7 +357,7 @@ pub fn quant_error(
             let mut sums = vec![LossSums::default(); n / j0.head_dim];
             for job in &group {
                 let cells = cells_from(job.stream, skip_first);
-                let s = round_trip_loss(&job.view(sf.bytes()), &cells, j0.head_dim, &trip);
+                let s = round_trip_loss(&sf.view(job)?, &cells, j0.head_dim, &trip);
                 for (a, b) in sums.iter_mut().zip(&s) {
                     a.merge(b);
                 }
@@ -472,6 +474,8 @@ pub(crate) fn compare_matched(
 ) -> Result<ArrowStream> {
     let (sa, sb) = (a.get()?, b.get()?);
     let pass = sel.pass(a)?;
+    a.ready(py, &sa, &pass.sel)?;
+    b.ready(py, &sb, &pass.sel)?;
     let rot_b = b.rotation_groups();
     let rope_b = b.rope_spec();
     py.detach(|| {
@@ -487,7 +491,7 @@ pub(crate) fn compare_matched(
                 .entry(job.cache)
                 .or_insert_with(|| Index::new(&how, cb, sb.layout.own_seq()));
             let matched = ib.matched(job.cache, job.stream, sa.layout.own_seq())?;
-            let va = job.view(sa.bytes());
+            let va = sa.view(&job)?;
             let nh = job.n_heads();
             let m = pass.model_layer(&job);
             for part in matched {
@@ -499,7 +503,8 @@ pub(crate) fn compare_matched(
                 else {
                     continue; // never: the geometry and the walk make B's streams agree with A's
                 };
-                let vb = RecordView::new(sb.bytes(), rec_b, s_b.cell_count as usize)
+                let vb = sb
+                    .record_view(rec_b, s_b.cell_count as usize)?
                     .with_rotation(
                         rot_b
                             .get(job.cache as usize)

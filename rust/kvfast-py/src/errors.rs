@@ -146,6 +146,13 @@ create_exception!(
     "The mapped state file changed (size, modification time or inode) after it was opened."
 );
 
+create_exception!(
+    _kvfast,
+    NotFetchedError,
+    KvfastError,
+    "A pass read bytes of a remote state that were not fetched (a check: never zeros in their place)."
+);
+
 /// An `OSError` of the right subclass (FileNotFoundError, PermissionError, ...) with `errno`,
 /// `strerror` and `filename` set, as Python's own `open` raises it.
 fn os_error(path: &Path, errno: i32, strerror: String) -> PyErr {
@@ -200,6 +207,7 @@ fn core_to_py(e: kvfast_core::Error) -> PyErr {
         Error::Format { .. } => FormatError::new_err(msg),
         Error::Ambiguous { .. } => AmbiguousError::new_err(msg),
         Error::UnsupportedVersion { .. } => UnsupportedVersionError::new_err(msg),
+        Error::NotFetched { .. } => NotFetchedError::new_err(msg),
     };
     Python::attach(|py| {
         let v = err.value(py);
@@ -224,6 +232,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         py.get_type::<UnsupportedVersionError>(),
     )?;
     m.add("FileChangedError", py.get_type::<FileChangedError>())?;
+    m.add("NotFetchedError", py.get_type::<NotFetchedError>())?;
     Ok(())
 }
 

@@ -6,6 +6,7 @@ mod columns;
 mod compare_modes;
 mod errors;
 mod model;
+mod remote;
 mod rope_args;
 mod rotation;
 mod rows;

@@ -32,7 +32,9 @@ pub fn record_rows(
     dtype: Dtype,
     rotation: usize,
     rope: Option<CellRope>,
-) -> Rows {
+) -> kvfast_core::Result<Rows> {
+    // the rows must be there (a remote state's are fetched before the pass)
+    sf.require_record(rec)?;
     // a RoPE to undo, as a rotation, makes the values f32 and decoded
     let transform = rotation.max(usize::from(rope.is_some()));
     let out = out_type(rec.ty, dtype, transform);
@@ -72,13 +74,13 @@ pub fn record_rows(
             (Buffer::from_vec(v), false)
         }
     };
-    Rows {
+    Ok(Rows {
         buf,
         out,
         n_embd,
         cells,
         zero_copy,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -91,14 +93,14 @@ mod tests {
     fn aligned_f16_rows_are_a_view_of_the_bytes() {
         let sf = state(2, 1, 8, GgmlType::F16);
         let rec = &sf.layout.caches[0].streams[0].layers[0].k;
-        let r = record_rows(&sf, rec, 2, Dtype::Stored, 0, None);
+        let r = record_rows(&sf, rec, 2, Dtype::Stored, 0, None).unwrap();
         assert_eq!((r.out, r.n_embd, r.cells), (Out::F16, 8, 2));
         let at = sf.bytes()[rec.data_offset as usize..].as_ptr();
         assert_eq!(r.zero_copy, (at as usize) % 2 == 0);
         if r.zero_copy {
             assert_eq!(r.buf.as_ptr(), at);
         }
-        let f = record_rows(&sf, rec, 2, Dtype::F32, 0, None);
+        let f = record_rows(&sf, rec, 2, Dtype::F32, 0, None).unwrap();
         assert!(!f.zero_copy);
         let vals: &[f32] = f.buf.typed_data();
         assert_eq!(vals[8 + 3], value(1, 0, "k", 3));
@@ -109,7 +111,7 @@ mod tests {
         let sf = state(1, 1, 32, GgmlType::Q8_0);
         let rec = &sf.layout.caches[0].streams[0].layers[0].k;
         assert_eq!(out_type(rec.ty, Dtype::Stored, 0), Out::F32);
-        let r = record_rows(&sf, rec, 1, Dtype::Stored, 0, None);
+        let r = record_rows(&sf, rec, 1, Dtype::Stored, 0, None).unwrap();
         assert!(!r.zero_copy);
         let vals: &[f32] = r.buf.typed_data();
         assert_eq!(vals[31], value(0, 0, "k", 31));

@@ -29,6 +29,8 @@ pub struct State {
     geometry: RwLock<Geometry>,
     /// Per cache and layer, the RoPE every pass undoes in K rows (`set_rope`; empty: as stored).
     rope: RwLock<RopeSpec>,
+    /// A remote state's `fetch(ranges) -> list of bytes` (see `remote.rs`); None: a local one.
+    fetch: Option<Py<PyAny>>,
 }
 
 /// What the model tells and the bytes do not: head sizes and the model-layer map.
@@ -100,7 +102,27 @@ impl State {
             rotation: RwLock::new(Vec::new()),
             geometry: RwLock::new(geometry),
             rope: RwLock::new(Vec::new()),
+            fetch: None,
         }
+    }
+
+    /// Fetch the rows a pass over `sel` reads that are not fetched yet (a remote state).
+    pub(crate) fn ready(&self, py: Python<'_>, sf: &StateFile, sel: &Selection) -> Result<()> {
+        if self.fetch.is_none() {
+            return Ok(());
+        }
+        let rows = crate::remote::selected_rows(sf, sel)?;
+        crate::remote::ready(py, self.fetch.as_ref(), sf, &rows)
+    }
+
+    /// Fetch what is not fetched yet of byte ranges (offset, length) (a remote state).
+    pub(crate) fn ready_ranges(
+        &self,
+        py: Python<'_>,
+        sf: &StateFile,
+        ranges: &[(u64, u64)],
+    ) -> Result<()> {
+        crate::remote::ready(py, self.fetch.as_ref(), sf, ranges)
     }
 
     fn record<'a>(
@@ -178,6 +200,52 @@ impl State {
             }
         })?;
         Ok(State::wrap(sf))
+    }
+
+    /// Walk a remote object of `size` bytes: `fetch(ranges)` returns the bytes of each (offset,
+    /// length) range, as `bytes`; the walk fetches its metadata in a few rounds, every later pass
+    /// the rows it reads.
+    #[staticmethod]
+    #[pyo3(signature = (size, fetch, cell_ext=None, v_less=None, recurrent=None))]
+    fn remote(
+        py: Python<'_>,
+        size: u64,
+        fetch: Py<PyAny>,
+        cell_ext: Option<bool>,
+        v_less: Option<bool>,
+        recurrent: Option<(u32, u32)>,
+    ) -> Result<Self> {
+        let opts = walk_options(cell_ext, v_less, recurrent);
+        let sf = crate::remote::open(py, size, &fetch, opts)?;
+        let mut state = State::wrap(sf);
+        state.fetch = Some(fetch);
+        Ok(state)
+    }
+
+    /// (bytes, rounds, ranges) fetched of a remote state; zeros for a local one.
+    #[getter]
+    fn fetched(&self) -> Result<(u64, u64, u64)> {
+        Ok(crate::remote::fetched(&*self.get()?))
+    }
+
+    /// Fetch the rows of the selected records that are not fetched yet (nothing for a local
+    /// state); every pass does it for what it reads.
+    #[pyo3(signature = (caches=None, layers=None, kinds=None))]
+    fn prefetch(
+        &self,
+        py: Python<'_>,
+        caches: Option<Vec<u32>>,
+        layers: Option<Vec<u32>>,
+        kinds: Option<Vec<String>>,
+    ) -> Result<()> {
+        let sf = self.get()?;
+        let sel = Selection {
+            caches,
+            layers,
+            kinds: parse_kinds(kinds)?,
+            ..Selection::default()
+        };
+        self.ready(py, &sf, &sel)
     }
 
     /// Walk state bytes held in memory.
@@ -337,12 +405,14 @@ impl State {
     }
 
     /// `n` f32 values starting at byte `offset` (logits, embeddings), copied.
-    fn floats_at(&self, offset: u64, n: u64) -> Result<Buf> {
+    fn floats_at(&self, py: Python<'_>, offset: u64, n: u64) -> Result<Buf> {
         let sf = self.get()?;
         let end = offset
             .checked_add(n.saturating_mul(4))
             .filter(|e| *e <= sf.layout.size);
         let end = end.ok_or(Error::OutsideState)?;
+        self.ready_ranges(py, &sf, &[(offset, end - offset)])?;
+        sf.require(offset, end - offset, || "floats".into())?;
         Ok(Buf {
             data: arrow_buffer::Buffer::from(&sf.bytes()[offset as usize..end as usize]),
         })
@@ -440,6 +510,7 @@ impl State {
         let dtype = parse_dtype(dtype)?;
         let (rec, kind) = Self::record(&sf, cache, stream, layer, kind)?;
         let rec = rec.clone();
+        self.ready_ranges(py, &sf, &[(rec.data_offset, rec.data_len)])?;
         let cells = sf.layout.caches[cache].streams[stream].cell_count as usize;
         let rot = if stored {
             0
@@ -452,7 +523,7 @@ impl State {
         let st = &sf.layout.caches[cache].streams[stream];
         let rope =
             rope_of(&spec, cache as u32, layer as u32, kind).map(|rope| CellRope::of(rope, st));
-        let r = py.detach(|| record_rows(&sf, &rec, cells, dtype, rot, rope));
+        let r = py.detach(|| record_rows(&sf, &rec, cells, dtype, rot, rope))?;
         let name = if r.out == Out::F16 {
             "float16"
         } else {
@@ -518,6 +589,9 @@ impl State {
             with_values,
         };
         let seq_default = sf.layout.own_seq();
+        if req.with_values {
+            self.ready(py, &sf, &req.sel)?;
+        }
         let (schema, batches) = py.detach(|| batches(&sf, &req, seq_default))?;
         Ok(ArrowStream { schema, batches })
     }

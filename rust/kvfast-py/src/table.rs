@@ -78,10 +78,19 @@ pub fn batches(
     };
     let mut out = Vec::new();
     for job in &jobs {
-        let rows = req.with_values.then(|| {
+        let rows = if req.with_values {
             let cells = job.stream.cell_count as usize;
-            record_rows(sf, job.rec, cells, p.dtype, job.rotation, job.cell_rope())
-        });
+            Some(record_rows(
+                sf,
+                job.rec,
+                cells,
+                p.dtype,
+                job.rotation,
+                job.cell_rope(),
+            )?)
+        } else {
+            None
+        };
         let model_layer = model_layer(&req.model_layers, job.cache, job.layer);
         out.push(batch(
             &schema,

@@ -92,6 +92,7 @@ fn ty(name: &str) -> Result<GgmlType> {
 }
 
 fn edit(sf: &kvfast_core::StateFile, e: SourceEdits) -> Result<StateParts> {
+    sf.require(0, sf.layout.size, || "the state written".into())?;
     let mut p = StateParts::from_layout(sf.bytes(), &sf.layout)?;
     // V untransposed before it is requantized (a quantized V is never transposed), transposed after
     if e.v_trans == Some(false) {
@@ -155,6 +156,10 @@ pub fn write_state(
         .iter()
         .map(|s| s.get())
         .collect::<Result<Vec<_>>>()?;
+    // a remote source is written from all of its bytes
+    for (s, sf) in sources.iter().zip(&files) {
+        s.ready_ranges(py, sf, &[(0, sf.layout.size)])?;
+    }
     py.detach(move || {
         let mut parts = Vec::with_capacity(files.len());
         for (sf, e) in files.iter().zip(edits) {

@@ -1,0 +1,81 @@
+//! Remote states: the walk of an object fetched a few ranges at a time by a Python callable
+//! (`fetch(ranges) -> list of bytes`, see `kvfast.remote`), and the fetching every pass does
+//! before it runs: the rows of the records it reads, the pages not fetched yet, in parallel
+//! requests. The pass then checks its rows are there (kvfast-core's `StateFile::require`).
+
+use kvfast_core::select::{jobs, Selection};
+use kvfast_core::sparse::Sparse;
+use kvfast_core::state::{fill_fetched, walk_step, Policy, Step};
+use kvfast_core::{StateFile, WalkOptions};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::errors::{Error, Result};
+
+/// Fetch `ranges` with the Python callable and fill them into `sparse`.
+fn fetch_into(
+    py: Python<'_>,
+    fetch: &Py<PyAny>,
+    sparse: &Sparse,
+    ranges: &[(u64, u64)],
+) -> Result<()> {
+    let got = fetch.call1(py, (ranges.to_vec(),))?;
+    let got: Vec<Bound<'_, PyBytes>> = got.bind(py).extract()?;
+    let slices: Vec<&[u8]> = got.iter().map(|b| b.as_bytes()).collect();
+    Ok(fill_fetched(sparse, ranges, &slices)?)
+}
+
+/// Walk an object of `size` bytes, fetching with `fetch` what the walk reads (a few rounds).
+pub fn open(py: Python<'_>, size: u64, fetch: &Py<PyAny>, opts: WalkOptions) -> Result<StateFile> {
+    let sparse = Sparse::new(size)?;
+    loop {
+        match walk_step(&sparse, opts, Policy::default()) {
+            Step::Done(layout) => return Ok(StateFile::from_sparse(sparse, (*layout)?)),
+            Step::Fetch(ranges) => fetch_into(py, fetch, &sparse, &ranges)?,
+        }
+    }
+}
+
+/// Fetch what is not fetched yet of `wanted` (offset, length) ranges; nothing for a local state.
+pub fn ready(
+    py: Python<'_>,
+    fetch: Option<&Py<PyAny>>,
+    sf: &StateFile,
+    wanted: &[(u64, u64)],
+) -> Result<()> {
+    let (Some(fetch), Some(sparse)) = (fetch, sf.sparse()) else {
+        return Ok(());
+    };
+    let ranges = sf.to_fetch(wanted, Policy::default());
+    if ranges.is_empty() {
+        return Ok(());
+    }
+    fetch_into(py, fetch, sparse, &ranges)
+}
+
+/// The rows of every record a selection reads (every stream of each selected cache, layer and
+/// kind; heads, geometry and transforms do not change which bytes are read).
+pub fn selected_rows(sf: &StateFile, sel: &Selection) -> Result<Vec<(u64, u64)>> {
+    let plain = Selection {
+        caches: sel.caches.clone(),
+        layers: sel.layers.clone(),
+        kinds: sel.kinds.clone(),
+        ..Selection::default()
+    };
+    Ok(jobs(&sf.layout, &plain)
+        .map_err(Error::from)?
+        .iter()
+        .map(|j| (j.rec.data_offset, j.rec.data_len))
+        .collect())
+}
+
+/// Bytes fetched, rounds of fetching and ranges fetched (zeros for a local state).
+pub fn fetched(sf: &StateFile) -> (u64, u64, u64) {
+    match sf.sparse() {
+        Some(s) => {
+            let (rounds, ranges) = s.rounds();
+            (s.filled_bytes(), rounds, ranges)
+        }
+        None => (0, 0, 0),
+    }
+}
