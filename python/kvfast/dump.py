@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from kvfast import _kvfast, analysis, probe_manifest, select
+from kvfast import _kvfast, analysis, probe_manifest, remote, select
 from kvfast import tokens as token_text
 from kvfast.address import Where, file_offset, locate, record_ref, tensor_offset
 from kvfast.analysis import By
@@ -43,13 +43,15 @@ class Dump:
         mmap: bool = True,
         rotation: Mode = "auto",
         pre_rope: bool = False,
+        storage_options: remote.StorageOptions = None,
     ) -> None:
         self.path = os.fspath(path)
+        is_url = remote.is_url(self.path)
         head_dim = select.head_dim(head_dim)
         #: Token pieces of the state's tokens, when a probe manifest beside it records them.
         self.pieces: list[str] | None = None
         self._build_hint: BuildHint | None = None
-        if model is None and head_dim is None:
+        if model is None and head_dim is None and not is_url:
             found = probe_manifest.recorded_for(self.path)
             if found is not None:
                 model, self.pieces = found.geometry, found.pieces
@@ -67,13 +69,23 @@ class Dump:
             model = ModelGeometry.from_gguf(model)
         self.model: ModelGeometry | None = model
         hints = {} if model is None else model.walk_hints()
-        self._state: _kvfast.State | None = _kvfast.State(
-            self.path,
-            cell_ext=cell_ext,
-            mmap=mmap,
-            v_less=hints.get("v_less"),
-            recurrent=hints.get("recurrent"),
-        )
+        self._state: _kvfast.State | None
+        if is_url:
+            self._state = remote.open_state(
+                self.path,
+                storage_options,
+                cell_ext=cell_ext,
+                v_less=hints.get("v_less"),
+                recurrent=hints.get("recurrent"),
+            )
+        else:
+            self._state = _kvfast.State(
+                remote.local_path(self.path),
+                cell_ext=cell_ext,
+                mmap=mmap,
+                v_less=hints.get("v_less"),
+                recurrent=hints.get("recurrent"),
+            )
         info = self._state.info()
         self._info = info
         every = self._state.caches()
@@ -190,6 +202,22 @@ class Dump:
         return dump_html(self)
 
     # -- scalars -------------------------------------------------------------------------------
+    @property
+    def remote(self) -> bool:
+        """Whether the state is an object in storage, read by ranged requests (see :mod:`kvfast.remote`)."""
+        return remote.is_url(self.path)
+
+    @property
+    def fetched_bytes(self) -> int:
+        """Bytes of a remote state fetched so far: its metadata at open, then the rows of the records
+        each pass read (each page once); 0 for a local state."""
+        return int(self._live().fetched[0])
+
+    @property
+    def fetch_rounds(self) -> int:
+        """Rounds of parallel ranged requests made for a remote state so far (0 for a local one)."""
+        return int(self._live().fetched[1])
+
     @property
     def size(self) -> int:
         """File size in bytes."""
@@ -536,6 +564,7 @@ def open(
     mmap: bool = True,
     rotation: Mode = "auto",
     pre_rope: bool = False,
+    storage_options: remote.StorageOptions = None,
 ) -> Dump:
     """Map a llama.cpp KV-cache state and walk its layout (metadata only; rows stay on disk).
 
@@ -559,6 +588,12 @@ def open(
     tables, stats, compare, scans, exports, pictures) undoes llama.cpp's RoPE of each K cell from
     its position and the model's rope parameters, after any rotation (see :mod:`kvfast.pre_rope`);
     without a model it raises :class:`kvfast.pre_rope.PreRopeError`.
+
+    ``path`` may be a URL (``s3://bucket/key``, or any protocol fsspec reads): the state is read by
+    ranged requests, its metadata at open and then only the rows each pass reads (see
+    :mod:`kvfast.remote`; credentials and endpoint from the AWS variables or ``storage_options``);
+    :attr:`Dump.fetched_bytes` counts what was fetched. Errors of the storage are
+    :class:`kvfast.RemoteError`. A ``file://`` URL or a path is memory-mapped.
     """
     return Dump(
         path,
@@ -568,4 +603,5 @@ def open(
         mmap=mmap,
         rotation=rotation,
         pre_rope=pre_rope,
+        storage_options=storage_options,
     )

@@ -11,6 +11,7 @@ from kvfast._kvfast import (
     FileChangedError,
     FormatError,
     KvfastError,
+    NotFetchedError,
     TruncatedError,
     UnsupportedVersionError,
 )
@@ -43,6 +44,19 @@ class SelectionError(KvfastError, ValueError):
     field = None
 
 
+class RemoteError(KvfastError, OSError):
+    """Object storage could not give a state's bytes: no such object or bucket, no credentials,
+    access refused, an endpoint that does not answer (see :mod:`kvfast.remote`). An ``OSError``
+    with ``filename`` the URL; the message says what was expected."""
+
+    kind = "remote"
+    offset = None
+    field = None
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 __all__ = [
     "AmbiguousError",
     "ClosedError",
@@ -50,6 +64,8 @@ __all__ = [
     "FormatError",
     "KvfastError",
     "ModelMismatchError",
+    "NotFetchedError",
+    "RemoteError",
     "SelectionError",
     "TruncatedError",
     "UnsupportedVersionError",
