@@ -33,7 +33,7 @@ __all__ = ["export", "read_states", "stats", "to_polars"]
 
 
 def _open(paths: dataset.Paths, how: plan.Opening) -> list[tuple[str, Dump]]:
-    return [(p, how.open(p)) for p in dataset.expand(paths)]
+    return [(p, how.open(p)) for p in map(plan.where, dataset.expand(paths))]
 
 
 def read_states(

@@ -27,7 +27,7 @@ from kvfast.export_commit import Commit
 from kvfast.export_progress import Progress
 from kvfast.export_types import one_type
 from kvfast.model import ModelGeometry
-from kvfast.ray.plan import opening
+from kvfast.ray.plan import opening, where
 from kvfast.rotation import Mode
 
 
@@ -93,13 +93,13 @@ def export(
     while True:
         # no new state is started once one has failed with on_error="fail"
         while failed is None and len(running) < n_jobs and (item := next(todo, None)) is not None:
-            running[remote.remote(opts, *item)] = item[0]
+            running[remote.remote(opts, where(item[0]), item[1])] = item[0]
         if not running:
             break
         done, _ = ray.wait(list(running), num_returns=1)
         for ref in done:
             path = running.pop(ref)
-            row = _result(ref, path, files[path])
+            row = {**_result(ref, path, files[path]), "path": path}  # as given, as kvfast.export
             rows.append(row)
             bar.advance(sizes[path])
             bar.state_done()

@@ -31,6 +31,12 @@ SELECTIONS = ("dump", "cache", "layer", "model_layer", "kind", "head", "seq_id")
 Record = tuple[int, int, str]
 
 
+def where(path: str) -> str:
+    """A path as the workers must be given it: absolute (their working directory is not the
+    driver's); a URL as it is."""
+    return path if "://" in path else os.path.abspath(path)
+
+
 @dataclass(frozen=True)
 class Opening:
     """How every state of a read is opened, on the driver and on the workers alike."""
