@@ -131,7 +131,13 @@ pub struct StateFile {
     pub layout: Layout,
     /// The mapped file, watched for changes (None for owned bytes, which cannot change).
     source: Option<Watched>,
+    /// How a remote state fetches bytes a pass needs that are not fetched yet (None: it does
+    /// not, and such a read fails with [`Error::NotFetched`]).
+    fetch: Option<Box<Fetch>>,
 }
+
+/// Fetch byte ranges (offset, length) of a remote object: their bytes, in order.
+pub type Fetch = dyn Fn(&[(u64, u64)]) -> Result<Vec<Vec<u8>>> + Send + Sync;
 
 impl StateFile {
     /// Map `path` and walk it. Costs time in proportion to the metadata, not the rows.
@@ -186,7 +192,14 @@ impl StateFile {
             data: Arc::new(Data::Sparse(sparse)),
             layout,
             source: None,
+            fetch: None,
         }
+    }
+
+    /// Give a remote state the means to fetch what a pass reads and is not fetched yet
+    /// ([`StateFile::require`] calls it).
+    pub fn set_fetch(&mut self, fetch: Box<Fetch>) {
+        self.fetch = Some(fetch);
     }
 
     /// The sparse copy of a remote state (None: the bytes are all there).
@@ -197,17 +210,31 @@ impl StateFile {
         }
     }
 
-    /// Fail with [`Error::NotFetched`] unless every byte of `offset..offset + len` is there (for
-    /// a mapped or owned state, always): every pass asks before it reads.
+    /// Make sure every byte of `offset..offset + len` is there before a pass reads it: a mapped
+    /// or owned state's always are; a remote state fetches the pages not fetched yet (with
+    /// [`StateFile::set_fetch`]'s fetch) and fails with [`Error::NotFetched`] if they are still
+    /// not there (no fetch given, or it gave less). Every pass asks before it reads.
     pub fn require(&self, offset: u64, len: u64, field: impl FnOnce() -> String) -> Result<()> {
-        match self.sparse() {
-            Some(s) if !s.is_filled(offset, len) => Err(Error::NotFetched {
-                field: field(),
-                offset,
-                len,
-            }),
-            _ => Ok(()),
+        let Some(s) = self.sparse() else {
+            return Ok(());
+        };
+        if s.is_filled(offset, len) {
+            return Ok(());
         }
+        if let Some(fetch) = &self.fetch {
+            let ranges = plan(s, &[(offset, len)], 0, Policy::default().piece);
+            let got = fetch(&ranges)?;
+            let got: Vec<&[u8]> = got.iter().map(|b| b.as_slice()).collect();
+            fill_fetched(s, &ranges, &got)?;
+        }
+        if s.is_filled(offset, len) {
+            return Ok(());
+        }
+        Err(Error::NotFetched {
+            field: field(),
+            offset,
+            len,
+        })
     }
 
     /// [`StateFile::require`] for a record's rows.
@@ -260,6 +287,7 @@ impl StateFile {
             data: Arc::new(data),
             layout,
             source: None,
+            fetch: None,
         })
     }
 

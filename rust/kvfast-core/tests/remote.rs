@@ -192,3 +192,45 @@ fn the_walk_fetches_metadata_in_a_few_rounds_and_passes_need_their_rows() {
     .unwrap();
     assert!(matches!(e, Error::Changed { .. }), "{e}");
 }
+
+#[test]
+fn a_state_with_a_fetch_fetches_what_a_pass_reads() {
+    let b = std::sync::Arc::new(seq_bytes(256, 4, 1024));
+    let (sf, before) = remote(&b, WalkOptions::default(), Policy::default());
+    let mut sf = sf.unwrap();
+    let src = b.clone();
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let count = asked.clone();
+    sf.set_fetch(Box::new(move |ranges: &[(u64, u64)]| {
+        Ok(ranges
+            .iter()
+            .map(|&(o, n)| {
+                count.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                src[o as usize..(o + n) as usize].to_vec()
+            })
+            .collect())
+    }));
+    let js = jobs(
+        &sf.layout,
+        &Selection {
+            layers: Some(vec![2]),
+            kinds: vec![Kind::V],
+            ..Selection::default()
+        },
+    )
+    .unwrap();
+    let rec = js[0].rec;
+    let fetched_before = sf.sparse().unwrap().filled_bytes();
+    let v = sf.view(&js[0]).unwrap();
+    let mut out = vec![0f32; 1024];
+    v.decode(0, 1, &mut out);
+    // layer 2's V is the 7th record (K 0..4, then V 0..4)
+    assert_eq!(out[0], half::f16::from_bits(0x0606).to_f32());
+    let got = asked.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        got + 2 * PAGE >= rec.data_len && got <= rec.data_len + 2 * PAGE,
+        "{got}"
+    );
+    assert_eq!(sf.sparse().unwrap().filled_bytes(), fetched_before + got);
+    assert!(before < b.len() as u64);
+}

@@ -192,6 +192,13 @@ fn core_to_py(e: kvfast_core::Error) -> PyErr {
     let err = match &e {
         Error::Io(_) => {
             let Error::Io(io) = e else { unreachable!() };
+            // a Python exception raised while fetching a remote state's bytes: as raised
+            if io.get_ref().is_some_and(|inner| inner.is::<PyErr>()) {
+                if let Some(Ok(py_err)) = io.into_inner().map(|inner| inner.downcast::<PyErr>()) {
+                    return *py_err;
+                }
+                unreachable!("checked to hold a PyErr");
+            }
             return PyErr::from(io);
         }
         Error::File { path, source } => return io_error(path, source),

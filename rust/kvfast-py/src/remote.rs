@@ -25,15 +25,29 @@ fn fetch_into(
     Ok(fill_fetched(sparse, ranges, &slices)?)
 }
 
-/// Walk an object of `size` bytes, fetching with `fetch` what the walk reads (a few rounds).
+/// Walk an object of `size` bytes, fetching with `fetch` what the walk reads (a few rounds);
+/// the state fetches with it what later passes read (`StateFile::require`).
 pub fn open(py: Python<'_>, size: u64, fetch: &Py<PyAny>, opts: WalkOptions) -> Result<StateFile> {
     let sparse = Sparse::new(size)?;
-    loop {
+    let layout = loop {
         match walk_step(&sparse, opts, Policy::default()) {
-            Step::Done(layout) => return Ok(StateFile::from_sparse(sparse, (*layout)?)),
+            Step::Done(layout) => break (*layout)?,
             Step::Fetch(ranges) => fetch_into(py, fetch, &sparse, &ranges)?,
         }
-    }
+    };
+    let mut sf = StateFile::from_sparse(sparse, layout);
+    let f = fetch.clone_ref(py);
+    sf.set_fetch(Box::new(move |ranges: &[(u64, u64)]| {
+        // from a pass, the GIL released: take it for the Python callable
+        Python::attach(|py| -> PyResult<Vec<Vec<u8>>> {
+            let got = f.call1(py, (ranges.to_vec(),))?;
+            let got: Vec<Bound<'_, PyBytes>> = got.bind(py).extract()?;
+            Ok(got.iter().map(|b| b.as_bytes().to_vec()).collect())
+        })
+        // the exception goes back to Python as it was raised (errors.rs)
+        .map_err(|e| kvfast_core::Error::Io(std::io::Error::other(e)))
+    }));
+    Ok(sf)
 }
 
 /// Fetch what is not fetched yet of `wanted` (offset, length) ranges; nothing for a local state.
