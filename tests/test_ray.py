@@ -5,15 +5,8 @@ same states: read_states against scan, stats against scan_stats, export against 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +23,7 @@ import kvfast
 import kvfast.ray as kray
 from kvfast import dataset
 from kvfast.ray import plan
+from kvfast.ray.local import LocalCluster
 from kvfast.ray.source import Work
 
 F16 = sorted(str(p) for p in DATA.glob("qwen3tiny-f16-fa*/seq-0.*"))
@@ -38,85 +32,12 @@ KEY = ["dump", "cache", "stream", "layer", "kind", "cell", "seq_id", "head"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """A ``ray start --block`` node: it runs until signalled and then stops what it started."""
-    ray_cli = str(Path(sys.executable).parent / "ray")
-    common = ["--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--block"]
-    ports = [f"--dashboard-agent-listen-port={_free_port()}"]
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [ray_cli, "start", *args, *common, *ports],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def _wait(ok: object, what: str, procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
-    for _ in range(240):
-        if callable(ok) and ok():
-            return
-        if any(p.poll() is not None for p in procs):
-            break
-        time.sleep(0.5)
-    text = "\n".join(log.read_text(errors="replace")[-3000:] for log in logs if log.exists())
-    pytest.fail(f"the Ray cluster did not come up ({what}):\n{text}")
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     """A head and a worker node on this machine (two raylets, one CPU each); the driver connected."""
-    tmp = Path(tempfile.mkdtemp(prefix="kvray-", dir="/tmp"))  # short: Ray's socket paths have a limit
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
-    os.environ.update({k: env[k] for k in saved})
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    procs: list[subprocess.Popen[bytes]] = []
-    logs = [tmp / "head.log", tmp / "worker.log"]
-    try:
-        head_args = [
-            "--head",
-            f"--port={port}",
-            "--include-dashboard=false",
-            f"--temp-dir={tmp / 'ray'}",
-        ]
-        procs.append(_start(head_args, logs[0], env))
-        ray_cli = str(Path(sys.executable).parent / "ray")
-
-        def head_up() -> bool:
-            probe = [ray_cli, "status", f"--address={address}"]
-            return subprocess.run(probe, env=env, capture_output=True, check=False).returncode == 0
-
-        _wait(head_up, "head", procs, logs)
-        procs.append(_start([f"--address={address}"], logs[1], env))
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        _wait(lambda: len([n for n in ray.nodes() if n["Alive"]]) >= 2, "worker node", procs, logs)
+    with LocalCluster(nodes=2, cpus=1) as c:
         ray.data.DataContext.get_current().enable_progress_bars = False
-        yield address
-    finally:
-        ray.shutdown()
-        for p in reversed(procs):
-            p.send_signal(signal.SIGTERM)
-        for p in reversed(procs):
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(tmp, ignore_errors=True)
+        yield c.address
 
 
 def test_the_cluster_has_two_nodes(cluster: str) -> None:
