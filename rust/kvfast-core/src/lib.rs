@@ -13,6 +13,7 @@ pub mod error;
 pub mod file;
 pub mod gguf;
 pub mod guarantees;
+pub mod kernels;
 pub mod layer_map;
 pub mod layout;
 pub mod match_position;

@@ -1,9 +1,11 @@
 //! What a row would lose in a cache of another type: llama.cpp's store-and-load, simulated with
 //! ggml's reference quantizer and dequantization, its rotation included where it applies one.
 
+use std::cell::RefCell;
+
 use crate::decode::decode_row;
 use crate::layout::Kind;
-use crate::quantize::quantize_row;
+use crate::quantize::{q8_0_round_trip, quantize_row};
 use crate::rotation::hadamard_groups;
 use crate::select::PlanError;
 use crate::types::GgmlType;
@@ -42,19 +44,41 @@ impl RoundTrip {
     }
 
     /// `y` = `x` stored and loaded. The quantized row is sized from `x` itself, so no row is ever
-    /// read into another's width.
+    /// read into another's width. The buffers between are the thread's own, kept from row to row.
     pub fn apply(&self, x: &[f32], y: &mut [f32]) {
+        thread_local! {
+            static SCRATCH: RefCell<(Vec<f32>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+        }
+        SCRATCH.with(|s| match s.try_borrow_mut() {
+            Ok(mut s) => {
+                let (r, q) = &mut *s;
+                self.apply_with(x, y, r, q)
+            }
+            // never: apply does not call itself
+            Err(_) => self.apply_with(x, y, &mut Vec::new(), &mut Vec::new()),
+        })
+    }
+
+    fn apply_with(&self, x: &[f32], y: &mut [f32], r: &mut Vec<f32>, q: &mut Vec<u8>) {
         let ty = self.ty;
-        let mut q = vec![0u8; ty.row_bytes(x.len() as u64).unwrap_or(0) as usize];
-        if self.rotation > 0 {
-            let mut r = x.to_vec();
-            hadamard_groups(&mut r, self.rotation);
-            quantize_row(ty, &r, &mut q);
-            decode_row(ty, &q, y);
-            hadamard_groups(y, self.rotation);
+        let src = if self.rotation > 0 {
+            r.clear();
+            r.extend_from_slice(x);
+            hadamard_groups(r, self.rotation);
+            &r[..]
         } else {
-            quantize_row(ty, x, &mut q);
-            decode_row(ty, &q, y);
+            x
+        };
+        if ty == GgmlType::Q8_0 && src.len() % 32 == 0 && y.len() == src.len() {
+            q8_0_round_trip(src, y);
+        } else {
+            q.clear();
+            q.resize(ty.row_bytes(src.len() as u64).unwrap_or(0) as usize, 0);
+            quantize_row(ty, src, q);
+            decode_row(ty, q, y);
+        }
+        if self.rotation > 0 {
+            hadamard_groups(y, self.rotation);
         }
     }
 }

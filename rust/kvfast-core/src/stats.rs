@@ -3,6 +3,8 @@
 
 use rayon::prelude::*;
 
+use crate::kernels::{head_stats, loss_sums, vector_heads, ChannelSums, Values};
+use crate::types::GgmlType;
 use crate::view::RecordView;
 
 /// Statistics of one head of one cell.
@@ -83,10 +85,17 @@ pub fn cell_stats(v: &RecordView, cells: &[usize], head_dim: usize) -> CellStats
                     absmax,
                     argmax,
                 };
+                let direct = direct_f16(v, head_dim);
                 let mut row = vec![0f32; n];
+                let mut push = |s: CellStat| out.push(s);
                 for &c in chunk {
-                    decode_cell(v, c, &mut row);
-                    stats_of_row(&row, head_dim, &mut out);
+                    match direct.then(|| stored_row(v, c)).flatten() {
+                        Some(bytes) => head_stats(Values::F16(bytes), head_dim, &mut push),
+                        None => {
+                            decode_cell(v, c, &mut row);
+                            head_stats(Values::F32(&row), head_dim, &mut push);
+                        }
+                    }
                 }
             },
         );
@@ -128,6 +137,23 @@ fn decode_cell(v: &RecordView, c: usize, row: &mut [f32]) {
     }
 }
 
+/// Whether `v`'s rows are read as stored f16 bytes by the vector kernels: f16, not transposed,
+/// nothing to undo, rows of exactly their values' bytes, heads the kernels take.
+fn direct_f16(v: &RecordView, head_dim: usize) -> bool {
+    v.ty == GgmlType::F16
+        && !v.transposed
+        && v.rotation == 0
+        && v.rope.is_none()
+        && v.n_embd.checked_mul(2) == Some(v.row_bytes)
+        && vector_heads(head_dim)
+}
+
+/// The stored bytes of cell `c`'s row, where the view holds them.
+fn stored_row<'a>(v: &RecordView<'a>, c: usize) -> Option<&'a [u8]> {
+    let s = c.checked_mul(v.row_bytes)?;
+    v.data.get(s..s.checked_add(v.row_bytes)?)
+}
+
 /// Populate the pages of a chunk of (ascending or not) cells.
 fn populate_chunk(v: &RecordView, chunk: &[usize]) {
     let (lo, hi) = chunk
@@ -146,92 +172,6 @@ const LANES: usize = 8;
 fn std_of(sum: f64, sq: f64, n: f64) -> f64 {
     let mean = sum / n;
     ((sq / n - mean * mean).max(0.0)).sqrt()
-}
-
-/// The statistics of every head of one row, with AVX2 where the CPU has it (same results: the
-/// arithmetic is the same, only wider).
-fn stats_of_row(row: &[f32], head_dim: usize, out: &mut StatsOut) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2.
-        unsafe { stats_of_row_avx2(row, head_dim, out) };
-        return;
-    }
-    stats_of_row_generic(row, head_dim, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn stats_of_row_avx2(row: &[f32], head_dim: usize, out: &mut StatsOut) {
-    for x in row.chunks_exact(head_dim) {
-        // SAFETY: this function only runs where the CPU has AVX2.
-        let (min, max) = unsafe { min_max_avx(x) };
-        out.push(cell_stat(x.len(), sum_sq(x), (min, max), |absmax| unsafe {
-            first_abs_equal_avx(x, absmax)
-        }));
-    }
-}
-
-/// Smallest and largest value, eight lanes at a time.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-#[inline]
-unsafe fn min_max_avx(x: &[f32]) -> (f32, f32) {
-    use std::arch::x86_64::*;
-    let whole = x.len() / 8 * 8;
-    let (mut lo, mut hi) = (
-        _mm256_set1_ps(f32::INFINITY),
-        _mm256_set1_ps(f32::NEG_INFINITY),
-    );
-    for i in (0..whole).step_by(8) {
-        // SAFETY: i + 8 <= x.len().
-        let v = unsafe { _mm256_loadu_ps(x.as_ptr().add(i)) };
-        lo = _mm256_min_ps(lo, v);
-        hi = _mm256_max_ps(hi, v);
-    }
-    let (mut l, mut h) = ([0f32; 8], [0f32; 8]);
-    // SAFETY: both arrays hold eight f32.
-    unsafe {
-        _mm256_storeu_ps(l.as_mut_ptr(), lo);
-        _mm256_storeu_ps(h.as_mut_ptr(), hi);
-    }
-    let mut mn = l.iter().fold(f32::INFINITY, |a, &b| a.min(b));
-    let mut mx = h.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    for &v in &x[whole..] {
-        mn = mn.min(v);
-        mx = mx.max(v);
-    }
-    (mn, mx)
-}
-
-/// Index of the first value of magnitude `target` (0 when none has it), eight lanes at a time.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-#[inline]
-unsafe fn first_abs_equal_avx(x: &[f32], target: f32) -> usize {
-    use std::arch::x86_64::*;
-    let whole = x.len() / 8 * 8;
-    let t = _mm256_set1_ps(target);
-    let sign = _mm256_set1_ps(-0.0);
-    for i in (0..whole).step_by(8) {
-        // SAFETY: i + 8 <= x.len().
-        let v = unsafe { _mm256_loadu_ps(x.as_ptr().add(i)) };
-        let m = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, v), t));
-        if m != 0 {
-            return i + m.trailing_zeros() as usize;
-        }
-    }
-    x[whole..]
-        .iter()
-        .position(|v| v.abs() == target)
-        .map_or(0, |p| whole + p)
-}
-
-#[inline(always)]
-fn stats_of_row_generic(row: &[f32], head_dim: usize, out: &mut StatsOut) {
-    for h in row.chunks_exact(head_dim) {
-        out.push(one_cell(h));
-    }
 }
 
 /// Sum and sum of squares in f64, in independent lanes so that the loop vectorizes.
@@ -421,65 +361,6 @@ impl Accum {
     }
 }
 
-/// Moments of one chunk of decoded rows (`buf`, `n` values each) into a fresh `acc`, with AVX2
-/// where the CPU has it (the same arithmetic, wider).
-fn chunk_moments(buf: &[f32], n: usize, head_dim: usize, acc: &mut Accum) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2.
-        unsafe { chunk_moments_avx2(buf, n, head_dim, acc) };
-        return;
-    }
-    chunk_moments_generic(buf, n, head_dim, acc)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn chunk_moments_avx2(buf: &[f32], n: usize, head_dim: usize, acc: &mut Accum) {
-    chunk_moments_generic(buf, n, head_dim, acc)
-}
-
-#[inline(always)]
-fn chunk_moments_generic(buf: &[f32], n: usize, head_dim: usize, acc: &mut Accum) {
-    let rows = (buf.len() / n) as f64;
-    let mut sums = vec![0f64; n];
-    for row in buf.chunks_exact(n) {
-        for (s, &x) in sums.iter_mut().zip(row) {
-            *s += x as f64;
-        }
-        for (h, hv) in row.chunks_exact(head_dim).enumerate() {
-            let l2 = sum_sq(hv).1.sqrt();
-            let e = &mut acc.l2[h];
-            e.0 += l2;
-            e.1 = e.1.max(l2);
-            e.2 += 1;
-        }
-    }
-    let means: Vec<f64> = sums.iter().map(|s| s / rows).collect();
-    let mut m2 = vec![0f64; n];
-    let (mut lo, mut hi) = (vec![f32::INFINITY; n], vec![f32::NEG_INFINITY; n]);
-    for row in buf.chunks_exact(n) {
-        for ((((m, l), h), &mean), &x) in
-            m2.iter_mut().zip(&mut lo).zip(&mut hi).zip(&means).zip(row)
-        {
-            let d = x as f64 - mean;
-            *m += d * d;
-            *l = l.min(x);
-            *h = h.max(x);
-        }
-    }
-    for (j, m) in acc.channels.iter_mut().enumerate() {
-        *m = Moments {
-            count: rows as u64,
-            mean: means[j],
-            m2: m2[j],
-            min: lo[j],
-            max: hi[j],
-            absmax: (-lo[j]).max(hi[j]).max(0.0),
-        };
-    }
-}
-
 /// Channel moments and head L2 sums of the cells in `cells` (nothing for a head_dim of 0).
 pub fn accumulate(v: &RecordView, cells: &[usize], head_dim: usize) -> Accum {
     let n = v.n_embd;
@@ -487,17 +368,29 @@ pub fn accumulate(v: &RecordView, cells: &[usize], head_dim: usize) -> Accum {
     if n == 0 || head_dim == 0 {
         return Accum::new(n, heads);
     }
+    let direct = direct_f16(v, head_dim);
+    // Rows read as stored need no buffer: larger chunks, fewer merges.
+    let per = v.chunk_cells() * if direct { 4 } else { 1 };
     cells
-        .par_chunks(v.chunk_cells())
+        .par_chunks(per)
         .map(|chunk| {
             populate_chunk(v, chunk);
-            let mut buf = vec![0f32; chunk.len() * n];
-            for (i, &c) in chunk.iter().enumerate() {
-                decode_cell(v, c, &mut buf[i * n..(i + 1) * n]);
+            let mut sums = ChannelSums::new(n, head_dim);
+            let mut buf = vec![0f32; if direct { n } else { chunk.len() * n }];
+            if direct {
+                buf.fill(f32::NAN); // the row of a cell the view does not hold
+                let row = |c: usize| stored_row(v, c).map_or(Values::F32(&buf), Values::F16);
+                add_rows(&mut sums, chunk.iter().map(|&c| row(c)));
+            } else {
+                for (i, &c) in chunk.iter().enumerate() {
+                    decode_cell(v, c, &mut buf[i * n..(i + 1) * n]);
+                }
+                add_rows(&mut sums, buf.chunks_exact(n).map(Values::F32));
             }
-            let mut acc = Accum::new(n, heads);
-            chunk_moments(&buf, n, head_dim, &mut acc);
-            acc
+            Accum {
+                channels: sums.moments(),
+                l2: sums.l2,
+            }
         })
         .reduce(
             || Accum::new(n, heads),
@@ -506,6 +399,15 @@ pub fn accumulate(v: &RecordView, cells: &[usize], head_dim: usize) -> Accum {
                 a
             },
         )
+}
+
+/// Add rows two at a time.
+fn add_rows<'a>(sums: &mut ChannelSums, rows: impl Iterator<Item = Values<'a>>) {
+    let mut rows = rows.peekable();
+    while let Some(a) = rows.next() {
+        let b = rows.next();
+        sums.add(a, b);
+    }
 }
 
 /// Errors between matched rows of two records, per head.
@@ -621,22 +523,7 @@ pub fn round_trip_loss(
             for &c in chunk {
                 decode_cell(v, c, &mut row);
                 f(&row, &mut back);
-                for (h, (x, y)) in row
-                    .chunks_exact(head_dim)
-                    .zip(back.chunks_exact(head_dim))
-                    .enumerate()
-                {
-                    let e = &mut acc[h];
-                    for (&x, &y) in x.iter().zip(y) {
-                        let (x, y) = (x as f64, y as f64);
-                        e.se += (x - y) * (x - y);
-                        e.max_abs = e.max_abs.max((x - y).abs());
-                        e.aa += x * x;
-                        e.bb += y * y;
-                        e.ab += x * y;
-                    }
-                    e.count += head_dim as u64;
-                }
+                loss_sums(&row, &back, head_dim, &mut acc);
             }
             acc
         })
