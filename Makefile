@@ -18,7 +18,7 @@ $(PY):
 # llama-cpp-python (built from source: about 6 minutes on 2 cores the first time, then pip's
 # wheel cache makes it instant on the same machine).
 install: $(PY)
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) install -q '.[test,plot,probe,ray]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) install -q '.[test,plot,probe,ray,s3]'
 
 # The whole test suite: Rust unit tests, lint and type checks, Python tests.
 test: install test-rust lint test-python

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import polars as pl
 
+from kvfast import remote
 from kvfast.analysis import MatchError, compare
 from kvfast.compare_modes import Match
 from kvfast.dataset import Paths, _batches, _geometry, _register, dump_id, expand
@@ -83,7 +84,7 @@ def compare_scan(
 
         def frames() -> Iterator[pl.DataFrame]:
             for d in states:
-                names = {"dump": dump_id(d.path), "path": os.path.realpath(d.path)}
+                names = {"dump": dump_id(d.path), "path": remote.real(d.path)}
                 if predicate is not None and roots <= names.keys():
                     left = pl.DataFrame({k: [v] for k, v in names.items()}).filter(predicate)
                     if left.is_empty():

@@ -23,6 +23,7 @@ from typing import Any
 
 import polars as pl
 
+from kvfast import remote
 from kvfast.dump import Dump, open
 from kvfast.model import ModelGeometry
 from kvfast.rotation import Mode
@@ -50,12 +51,18 @@ READS: Counter[str] = Counter()
 Paths = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
-def expand(paths: Paths) -> list[str]:
-    """Paths, glob patterns and directories (their state files), as a list of files in order."""
+def expand(paths: Paths, storage_options: remote.StorageOptions = None) -> list[str]:
+    """Paths, glob patterns and directories (their state files), as a list of files in order; URLs
+    (``s3://bucket/prefix/``, ``s3://bucket/runs/*.ggsq``) as the objects they name, listed with
+    ``storage_options`` (see :mod:`kvfast.remote`), which opening them later uses too."""
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     found: list[str] = []
     for item in items:
         p = os.fspath(item)
+        if remote.is_url(p):
+            found += remote.expand(p, set(STATE_SUFFIXES), storage_options)
+            continue
+        p = remote.local_path(p)
         if os.path.isdir(p):
             found += [str(f) for f in sorted(Path(p).iterdir()) if f.is_file() and f.suffix in STATE_SUFFIXES]
         elif any(c in p for c in "*?[") and not os.path.exists(p):
@@ -72,15 +79,17 @@ def dump_id(path: str | os.PathLike[str]) -> str:
     folder names and hive readers: no ``=``, no leading ``.`` or ``_``) and the first 10 hex digits
     of the SHA-1 of its real path. The same whatever the working directory or the spelling of the
     path (``./a.bin``, a symbolic link); it is also the state's folder in an export. A file moved
-    elsewhere gets another id."""
-    real = os.path.realpath(path)
+    elsewhere gets another id. A URL's id is its object's stem and the SHA-1 of the URL."""
+    if remote.is_url(path):
+        return remote.dump_id_of_url(os.fspath(path))
+    real = os.path.realpath(remote.local_path(path))
     stem = re.sub(r"[^A-Za-z0-9_.+-]", "_", Path(real).stem).lstrip("._") or "state"
     return f"{stem}-{hashlib.sha1(real.encode()).hexdigest()[:10]}"
 
 
 def _names(d: Dump) -> dict[str, str]:
     """The dump and path columns of a state: its stable id and its real path."""
-    return {"dump": dump_id(d.path), "path": os.path.realpath(d.path)}
+    return {"dump": dump_id(d.path), "path": remote.real(d.path)}
 
 
 def _geometry(model: str | os.PathLike[str] | ModelGeometry | None) -> ModelGeometry | None:
@@ -194,6 +203,7 @@ def scan(
     model: str | os.PathLike[str] | ModelGeometry | None = None,
     rotation: Mode = "auto",
     pre_rope: bool = False,
+    storage_options: remote.StorageOptions = None,
 ) -> pl.LazyFrame:
     """The value table of every state as one lazy frame, with ``dump`` (the state's stable id,
     :func:`dump_id`) and ``path`` (its real path) columns.
@@ -201,9 +211,11 @@ def scan(
     Opening reads metadata only; rows are read when the query runs, and only those the projection
     and the predicate need (see the module's doc). Values are in the basis ``rotation`` chooses
     (see :func:`kvfast.open`); ``pre_rope=True`` (``model`` a GGUF file) gives keys before RoPE.
+    URLs (``s3://...``) are read by ranged requests, only the records a query reads
+    (``storage_options``: see :mod:`kvfast.remote`).
     """
     geometry = _geometry(model)
-    files = expand(paths)
+    files = expand(paths, storage_options)
     dumps = [d for _, d in _open_all(files, head_dim, geometry, rotation, model if pre_rope else None)]
     values_type, dtype = _values_schema(dumps)
     schema = {**INDEX_SCHEMA, "values": values_type}
@@ -313,13 +325,14 @@ def scan_stats(
     model: str | os.PathLike[str] | ModelGeometry | None = None,
     rotation: Mode = "auto",
     pre_rope: bool = False,
+    storage_options: remote.StorageOptions = None,
 ) -> pl.LazyFrame:
     """`Dump.stats(by=...)` of every state as one lazy frame, with ``dump`` and ``path`` columns. A
     predicate on dump / path / cache / layer / model_layer / kind decides which records are read."""
     if by not in STATS_SCHEMAS:
         raise ValueError(f"by must be one of {sorted(STATS_SCHEMAS)}, not {by!r}")
     geometry = _geometry(model)
-    files = expand(paths)
+    files = expand(paths, storage_options)
     dumps = [d for _, d in _open_all(files, head_dim, geometry, rotation, model if pre_rope else None)]
     schema = {"dump": pl.String(), "path": pl.String(), **STATS_SCHEMAS[by]}
 
@@ -352,7 +365,7 @@ def manifest(paths: Paths) -> pl.DataFrame:
     fails to open has its error and nulls."""
     rows = []
     for p in expand(paths):
-        row: dict[str, Any] = {"path": os.path.realpath(p), "dump": dump_id(p), "error": None}
+        row: dict[str, Any] = {"path": remote.real(p), "dump": dump_id(p), "error": None}
         try:
             with open(p) as d:
                 layers = [ly for c in d.caches for ly in max(c.streams, key=lambda s: len(s.layers)).layers]

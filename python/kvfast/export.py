@@ -36,7 +36,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvfast import export_recurrent
+from kvfast import export_recurrent, remote
 from kvfast.dataset import (
     INDEX_SCHEMA,
     Paths,
@@ -112,7 +112,7 @@ def _unique(files: list[str]) -> dict[str, str]:
     symbolic link and its target, the same path twice: one state)."""
     seen: dict[str, str] = {}
     for f in files:
-        seen.setdefault(os.path.realpath(f), f)
+        seen.setdefault(remote.real(f), f)
     return {f: real for real, f in seen.items()}
 
 
@@ -136,6 +136,8 @@ def _key(real: str) -> str:
 
 
 def _source_id(real: str) -> dict[str, Any]:
+    if remote.is_url(real):
+        return {"path": real, **remote.info(real)}
     st = os.stat(real)
     return {"path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
@@ -306,7 +308,7 @@ def _report(rows: list[dict[str, Any]]) -> pl.DataFrame:
 
 def _size(path: str) -> int:
     try:
-        return os.stat(path).st_size
+        return remote.info(path)["size"] if remote.is_url(path) else os.stat(path).st_size
     except OSError:
         return 0
 
@@ -326,6 +328,7 @@ def export(
     hive: bool = False,
     progress: bool | None = None,
     pre_rope: bool = False,
+    storage_options: remote.StorageOptions = None,
 ) -> pl.DataFrame:
     """Write every state's value table (or statistics, ``what="stats"``, ``by=...``) as Parquet
     under ``out_dir``, one folder per state, one file per partition; returns the report: one row
@@ -348,6 +351,9 @@ def export(
     Inputs naming one file twice (by real path) are exported once, reported under the first name.
     Values and statistics are in the basis ``rotation`` chooses (see :func:`kvfast.open`);
     ``pre_rope=True`` (``model`` a GGUF file) writes keys before RoPE, as float32.
+    States may be URLs (``s3://bucket/prefix/``: see :mod:`kvfast.remote`, ``storage_options``),
+    read by ranged requests; ``out_dir`` is a local folder. A remote state's marker records its
+    size, ETag and modification time.
     """
     if what not in ("values", "stats"):
         raise ValueError(f"what must be 'values' or 'stats', not {what!r}")
@@ -358,7 +364,7 @@ def export(
     bad = set(partition_by) - {"cache", "layer", "kind"}
     if bad:
         raise ValueError(f"partition_by takes cache, layer and kind, not {sorted(bad)}")
-    files = _unique(expand(paths))
+    files = _unique(expand(paths, storage_options))
     geometry = model if model is None or isinstance(model, ModelGeometry) else ModelGeometry.from_gguf(model)
     _check_layout(Path(out_dir))
     pre_rope_model = None

@@ -70,17 +70,49 @@ def _options(url: str, storage_options: StorageOptions) -> dict[str, Any]:
 
 _LOCK = threading.Lock()
 _FILESYSTEMS: dict[tuple[str, str], Any] = {}
+#: The environment a file system's credentials and endpoint come from.
+_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+)
+#: The storage options each URL was listed with (by :func:`expand`): opening it later, from any
+#: thread (an export's workers), uses them unless others are given.
+_LISTED_WITH: dict[str, Mapping[str, Any]] = {}
+
+
+def remember(url: str, storage_options: StorageOptions) -> None:
+    """Open ``url`` with ``storage_options`` when no others are given."""
+    if storage_options is not None:
+        with _LOCK:
+            _LISTED_WITH[real(url)] = storage_options
 
 
 def filesystem(url: str, storage_options: StorageOptions = None) -> tuple[Any, str]:
-    """fsspec's file system for ``url`` (one per protocol and options, shared) and the path in it."""
+    """fsspec's file system for ``url`` (one per protocol and options, shared) and the path in it;
+    without ``storage_options``, those ``url`` was listed with, else the environment's."""
     import fsspec.core  # type: ignore[import-untyped]
 
+    if storage_options is None:
+        with _LOCK:
+            storage_options = _LISTED_WITH.get(real(url))
     opts = _options(url, storage_options)
     protocol = url.split("://", 1)[0].lower()
-    key = (protocol, repr(sorted(opts.items(), key=lambda kv: kv[0])))
+    # one file system per protocol, options and credentials in the environment (fsspec's own
+    # cache would keep a file system made before the environment changed)
+    env = tuple(os.environ.get(k) for k in _ENV)
+    key = (protocol, repr(sorted(opts.items(), key=lambda kv: kv[0])) + repr(env))
+    with _LOCK:
+        fs = _FILESYSTEMS.get(key)
+    if fs is not None:
+        return fs, fs._strip_protocol(url)
     try:
-        fs, path = fsspec.core.url_to_fs(url, **opts)
+        fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, **opts)
     except ImportError as e:
         raise RemoteError(
             95,
@@ -195,7 +227,11 @@ def expand(url: str, suffixes: set[str], storage_options: StorageOptions = None)
                 if os.path.splitext(p)[1] in suffixes and not os.path.basename(p).startswith(".")
             )
         else:
+            remember(url, storage_options)
             return [url]
     except Exception as e:
         raise _failed(url, e, "listing the objects") from e
-    return [f"{protocol}://{p}" for p in found]
+    urls = [f"{protocol}://{p}" for p in found]
+    for u in urls:
+        remember(u, storage_options)
+    return urls
