@@ -45,6 +45,13 @@ def test_the_cluster_has_two_nodes(cluster: str) -> None:
     assert len(nodes) == 2 and all(n["Resources"].get("CPU") == 1 for n in nodes)
 
 
+def test_datasets_pickle(cluster: str) -> None:
+    """A Dataset goes to other processes (Ray Train, a task): its source holds no open state."""
+    ds = kray.read_states(F16, head_dim=32, layer=1)
+    assert ds.count() == len(F16) * 2 * 7 * 2  # Ray projects no column to count
+    assert ray.get(ray.remote(lambda d: d.count()).remote(ds)) == len(F16) * 2 * 7 * 2
+
+
 def test_read_states_is_scan(cluster: str) -> None:
     ds = kray.read_states(F16, head_dim=32)
     blocks = ray.get(ds.to_arrow_refs())
@@ -112,7 +119,7 @@ def test_planning_reads_only_the_selected_records() -> None:
     that layer's bytes alone (the tasks run here, in this process, to count)."""
     states = _states(SHARED)
     sel = plan.selection(None, {"layer": 1})
-    tasks = plan.value_tasks(states, sel, parallelism=200)
+    tasks = plan.plan_values(states, sel).tasks(200)
     assert {r[1] for t in tasks for r in t.records} == {1}
     assert sorted({t.path for t in tasks}) == sorted(SHARED)
     how = plan.opening(32, None, "auto", False)
@@ -131,18 +138,18 @@ def test_planning_reads_only_the_selected_records() -> None:
     sel = plan.selection(pl.col("pos") >= 12, {"head": 1})
     assert sel.index_only and sel.records is None
     dataset.READS.clear()
-    for t in plan.value_tasks(states, sel, 1):
+    for t in plan.plan_values(states, sel).tasks(1):
         list(Work(how, sel, "values", None).run(t, ["values"]))
     assert dataset.READS["records"] == 4 * 4
 
 
 def test_tasks_split_states_by_bytes_never_across() -> None:
     states = _states(F16)
-    one = plan.value_tasks(states, plan.selection(None, {}), 1)
+    one = plan.plan_values(states, plan.selection(None, {})).tasks(1)
     assert len(one) == len(F16) and all(len(t.records) == 4 for t in one)
-    many = plan.value_tasks(states, plan.selection(None, {}), 1000)
+    many = plan.plan_values(states, plan.selection(None, {})).tasks(1000)
     assert len(many) == 4 * len(F16) and all(len(t.records) == 1 for t in many)
-    stats = plan.stats_tasks(states, plan.selection(None, {"kind": "k"}), 1000)
+    stats = plan.plan_stats(states, plan.selection(None, {"kind": "k"})).tasks(1000)
     assert len(stats) == 2 * len(F16) and all(t.kinds == ["k"] and len(t.layers) == 1 for t in stats)
 
 

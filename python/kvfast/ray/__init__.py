@@ -71,8 +71,10 @@ def read_states(
     values_type, dtype = dataset._values_schema([d for _, d in states])
     schema = {**dataset.INDEX_SCHEMA, "values": values_type}
     _check_columns(columns, schema)
+    planned = plan.plan_values(states, sel)
+    _close(states)
     source = StatesSource(
-        lambda n: plan.value_tasks(states, sel, n),
+        planned,
         Work(how, sel, "values", dtype),
         schema,
         columns,
@@ -111,8 +113,10 @@ def stats(
     sel = plan.selection(filter, _chosen(locals()))
     states = _open(paths, how)
     schema = {"dump": pl.String(), "path": pl.String(), **dataset.STATS_SCHEMAS[by]}
+    planned = plan.plan_stats(states, sel)
+    _close(states)
     source = StatesSource(
-        lambda n: plan.stats_tasks(states, sel, n),
+        planned,
         Work(how, sel, by, None),
         schema,
         None,
@@ -130,6 +134,11 @@ def to_polars(ds: ray.data.Dataset) -> pl.DataFrame:
         base = getattr(schema, "base_schema", schema)
         return pl.DataFrame(pa.schema(base).empty_table() if base is not None else None)
     return pl.DataFrame(pa.concat_tables(tables))
+
+
+def _close(states: list[tuple[str, Dump]]) -> None:
+    for _, d in states:
+        d.close()
 
 
 def _chosen(args: dict[str, Any]) -> dict[str, Any]:

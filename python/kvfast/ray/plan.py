@@ -151,33 +151,51 @@ def _chunks(items: Sequence[tuple[Any, int]], target: int) -> list[list[tuple[An
     return out
 
 
-def value_tasks(states: list[tuple[str, Dump]], sel: Selection, parallelism: int) -> list[Task]:
-    """Tasks of about equal bytes (the selected bytes over `parallelism`), never across states."""
-    per_state = [(p, chosen_records(d, sel)) for p, d in states]
-    total = sum(n for _, recs in per_state for _, n in recs)
-    target = max(1, total // max(1, parallelism))
-    return [
-        Task(p, [r for r, _ in run], sum(n for _, n in run))
-        for p, recs in per_state
-        for run in _chunks(recs, target)
-    ]
+@dataclass(frozen=True)
+class Unit:
+    """What one state gives a read: its records (values) or layers (statistics) the selection
+    wants, in order, each with its value bytes, and for statistics the kinds."""
+
+    path: str
+    items: list[tuple[Any, int]]
+    kinds: list[str]
 
 
-def stats_tasks(states: list[tuple[str, Dump]], sel: Selection, parallelism: int) -> list[Task]:
-    """Statistics tasks: groups of layers of one state, with every selected kind of that state
-    (``Dump.stats`` takes layers x kinds; the task filters its rows by the whole predicate)."""
-    per_state = []
+@dataclass(frozen=True)
+class Plan:
+    """The units of every state (no open state in it: it is picklable and holds no map)."""
+
+    units: list[Unit]
+    stats: bool
+
+    def tasks(self, parallelism: int) -> list[Task]:
+        """Tasks of about equal bytes (the selected bytes over `parallelism`), never across states."""
+        total = sum(n for u in self.units for _, n in u.items)
+        target = max(1, total // max(1, parallelism))
+        out = []
+        for u in self.units:
+            for run in _chunks(u.items, target):
+                keys, nbytes = [k for k, _ in run], sum(n for _, n in run)
+                if self.stats:
+                    out.append(Task(u.path, [], nbytes, layers=keys, kinds=u.kinds))
+                else:
+                    out.append(Task(u.path, keys, nbytes))
+        return out
+
+
+def plan_values(states: list[tuple[str, Dump]], sel: Selection) -> Plan:
+    """A read of values: each state's chosen records."""
+    return Plan([Unit(p, list(chosen_records(d, sel)), []) for p, d in states], stats=False)
+
+
+def plan_stats(states: list[tuple[str, Dump]], sel: Selection) -> Plan:
+    """Statistics: each state's layers (with every selected kind of the state: ``Dump.stats``
+    takes layers x kinds, and the task filters its rows by the whole predicate)."""
+    units = []
     for p, d in states:
         recs = chosen_records(d, sel)
-        kinds = sorted({k for (_, _, k), _ in recs})
         by_layer: dict[int, int] = {}
         for (_, ly, _), n in recs:
             by_layer[ly] = by_layer.get(ly, 0) + n
-        per_state.append((p, kinds, sorted(by_layer.items())))
-    total = sum(n for _, _, layers in per_state for _, n in layers)
-    target = max(1, total // max(1, parallelism))
-    return [
-        Task(p, [], sum(n for _, n in run), layers=[ly for ly, _ in run], kinds=kinds)
-        for p, kinds, layers in per_state
-        for run in _chunks(layers, target)
-    ]
+        units.append(Unit(p, sorted(by_layer.items()), sorted({k for (_, _, k), _ in recs})))
+    return Plan(units, stats=True)

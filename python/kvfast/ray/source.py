@@ -11,7 +11,7 @@ byte is read.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
 from kvfast import dataset
-from kvfast.ray.plan import Opening, Selection, Task
+from kvfast.ray.plan import Opening, Plan, Selection, Task
 
 
 def arrow_schema(schema: dict[str, pl.DataType]) -> pa.Schema:
@@ -42,7 +42,10 @@ class Work:
 
     def run(self, task: Task, wanted: list[str]) -> Iterator[pa.Table]:
         d = self.how.open(task.path)
-        frames = self._values(d, task, wanted) if self.what == "values" else self._stats(d, task, wanted)
+        # no column wanted (Ray's count): blocks of the dump column alone, so that the rows count
+        # (Arrow's tables of no column lose their rows when concatenated)
+        cols = wanted or ["dump"]
+        frames = self._values(d, task, cols) if self.what == "values" else self._stats(d, task, cols)
         for df in frames:
             if df.height:
                 yield df.to_arrow()
@@ -69,11 +72,11 @@ class Work:
 
 
 class StatesSource(Datasource):
-    """A Ray Data source over planned tasks (:mod:`kvfast.ray.plan`)."""
+    """A Ray Data source over a plan (:mod:`kvfast.ray.plan`); picklable (it holds no open state)."""
 
     def __init__(
         self,
-        plan: Callable[[int], list[Task]],
+        plan: Plan,
         work: Work,
         schema: dict[str, pl.DataType],
         columns: list[str] | None,
@@ -101,7 +104,7 @@ class StatesSource(Datasource):
 
     def tasks(self, parallelism: int) -> list[Task]:
         if parallelism not in self._tasks:
-            self._tasks[parallelism] = self._plan(parallelism)
+            self._tasks[parallelism] = self._plan.tasks(parallelism)
         return self._tasks[parallelism]
 
     def estimate_inmemory_data_size(self) -> int | None:
