@@ -92,6 +92,16 @@ def test_selections_and_filters_are_scans(cluster: str) -> None:
         assert_frame_equal(got.sort(KEY), want.collect().sort(KEY))
 
 
+def test_an_empty_selection_keeps_the_schema(cluster: str) -> None:
+    got = kray.to_polars(kray.read_states(F16, head_dim=32, layer=9))
+    want = kvfast.scan(F16, head_dim=32).filter(layer=9).collect()
+    assert got.is_empty() and got.schema == want.schema
+    got = kray.to_polars(kray.read_states(F16, head_dim=32, filter=pl.col("pos") > 99))
+    assert got.is_empty() and got.schema == want.schema
+    got = kray.to_polars(kray.stats(F16, by="layer", head_dim=32, kind="r"))
+    assert got.is_empty() and got.schema == kvfast.scan_stats(F16, by="layer", head_dim=32).collect_schema()
+
+
 def test_columns_and_projection(cluster: str) -> None:
     ds = kray.read_states(F16, head_dim=32, columns=["dump", "pos", "values"])
     got = kray.to_polars(ds.select_columns(["dump", "pos"]))
@@ -119,7 +129,7 @@ def test_planning_reads_only_the_selected_records() -> None:
     that layer's bytes alone (the tasks run here, in this process, to count)."""
     states = _states(SHARED)
     sel = plan.selection(None, {"layer": 1})
-    tasks = plan.plan_values(states, sel).tasks(200)
+    tasks = plan.plan_values(states, sel, task_bytes=1).tasks(200)
     assert {r[1] for t in tasks for r in t.records} == {1}
     assert sorted({t.path for t in tasks}) == sorted(SHARED)
     how = plan.opening(32, None, "auto", False)
@@ -147,9 +157,10 @@ def test_tasks_split_states_by_bytes_never_across() -> None:
     states = _states(F16)
     one = plan.plan_values(states, plan.selection(None, {})).tasks(1)
     assert len(one) == len(F16) and all(len(t.records) == 4 for t in one)
-    many = plan.plan_values(states, plan.selection(None, {})).tasks(1000)
+    assert plan.plan_values(states, plan.selection(None, {})).tasks(1000) == one  # small: a task a state
+    many = plan.plan_values(states, plan.selection(None, {}), 1).tasks(1000)
     assert len(many) == 4 * len(F16) and all(len(t.records) == 1 for t in many)
-    stats = plan.plan_stats(states, plan.selection(None, {"kind": "k"})).tasks(1000)
+    stats = plan.plan_stats(states, plan.selection(None, {"kind": "k"}), 1).tasks(1000)
     assert len(stats) == 2 * len(F16) and all(t.kinds == ["k"] and len(t.layers) == 1 for t in stats)
 
 

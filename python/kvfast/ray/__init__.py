@@ -52,6 +52,7 @@ def read_states(
     seq_id: Any = None,
     rotation: Mode = "auto",
     pre_rope: bool = False,
+    task_bytes: int = plan.TASK_BYTES,
     **read_args: Any,
 ) -> ray.data.Dataset:
     """:func:`kvfast.scan`'s table of every state as a Ray Dataset.
@@ -62,8 +63,9 @@ def read_states(
     layer / model_layer / kind no task is planned for another record (one layer of a thousand
     states reads that layer's bytes only); on the index columns a record's index is filtered before
     its values are read. ``columns`` chooses the columns (``Dataset.select_columns`` is pushed down
-    too). ``read_args`` go to ``ray.data.read_datasource`` (``override_num_blocks``, ``concurrency``,
-    ``ray_remote_args``...).
+    too). A task takes at least ``task_bytes`` of values (64 MiB; a whole state when it holds
+    fewer), more when Ray asks for fewer tasks. ``read_args`` go to ``ray.data.read_datasource``
+    (``override_num_blocks``, ``concurrency``, ``ray_remote_args``...).
     """
     how = plan.opening(head_dim, model, rotation, pre_rope)
     sel = plan.selection(filter, _chosen(locals()))
@@ -71,7 +73,7 @@ def read_states(
     values_type, dtype = dataset._values_schema([d for _, d in states])
     schema = {**dataset.INDEX_SCHEMA, "values": values_type}
     _check_columns(columns, schema)
-    planned = plan.plan_values(states, sel)
+    planned = plan.plan_values(states, sel, task_bytes)
     _close(states)
     source = StatesSource(
         planned,
@@ -80,8 +82,7 @@ def read_states(
         columns,
         f"kvfast({len(states)} states)",
     )
-    ds: ray.data.Dataset = ray.data.read_datasource(source, **read_args)
-    return ds
+    return _read(source, planned, read_args)
 
 
 def stats(
@@ -100,6 +101,7 @@ def stats(
     seq_id: Any = None,
     rotation: Mode = "auto",
     pre_rope: bool = False,
+    task_bytes: int = plan.TASK_BYTES,
     **read_args: Any,
 ) -> ray.data.Dataset:
     """:func:`kvfast.scan_stats`'s rows (``Dump.stats(by=...)`` of every state, with ``dump`` and
@@ -113,7 +115,7 @@ def stats(
     sel = plan.selection(filter, _chosen(locals()))
     states = _open(paths, how)
     schema = {"dump": pl.String(), "path": pl.String(), **dataset.STATS_SCHEMAS[by]}
-    planned = plan.plan_stats(states, sel)
+    planned = plan.plan_stats(states, sel, task_bytes)
     _close(states)
     source = StatesSource(
         planned,
@@ -122,18 +124,22 @@ def stats(
         None,
         f"kvfast_stats({len(states)} states)",
     )
-    ds: ray.data.Dataset = ray.data.read_datasource(source, **read_args)
-    return ds
+    return _read(source, planned, read_args)
 
 
 def to_polars(ds: ray.data.Dataset) -> pl.DataFrame:
     """Every block of the Dataset, gathered on the driver as one Polars frame (Arrow types kept)."""
-    tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
-    if not tables:
-        schema = ds.schema()
-        base = getattr(schema, "base_schema", schema)
-        return pl.DataFrame(pa.schema(base).empty_table() if base is not None else None)
-    return pl.DataFrame(pa.concat_tables(tables))
+    tables = ray.get(ds.to_arrow_refs())
+    return pl.DataFrame(pa.concat_tables(tables) if tables else None)
+
+
+def _read(source: StatesSource, planned: plan.Plan, read_args: dict[str, Any]) -> ray.data.Dataset:
+    """The Dataset of the source. Unless told otherwise, as many blocks as the plan has tasks of
+    ``task_bytes``: Ray's default (200 blocks or more) splits their blocks and schedules a task
+    per piece, whose cost passes the work's on small states."""
+    read_args.setdefault("override_num_blocks", max(1, len(planned.tasks(1 << 40))))
+    ds: ray.data.Dataset = ray.data.read_datasource(source, **read_args)
+    return ds
 
 
 def _close(states: list[tuple[str, Dump]]) -> None:

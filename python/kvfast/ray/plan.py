@@ -30,6 +30,11 @@ SELECTIONS = ("dump", "cache", "layer", "model_layer", "kind", "head", "seq_id")
 
 Record = tuple[int, int, str]
 
+#: The fewest value bytes a read task takes by default (a state's records, when it has fewer):
+#: Ray's default parallelism (200 tasks or more) cuts small states into tasks whose scheduling
+#: costs more than their work.
+TASK_BYTES = 64 << 20
+
 
 def where(path: str) -> str:
     """A path as the workers must be given it: absolute (their working directory is not the
@@ -168,10 +173,14 @@ class Plan:
     units: list[Unit]
     stats: bool
 
+    #: The fewest value bytes a task takes (a state's records, when it has fewer).
+    task_bytes: int = TASK_BYTES
+
     def tasks(self, parallelism: int) -> list[Task]:
-        """Tasks of about equal bytes (the selected bytes over `parallelism`), never across states."""
+        """Tasks of about equal bytes (the selected bytes over `parallelism`, at least
+        `task_bytes`), never across states."""
         total = sum(n for u in self.units for _, n in u.items)
-        target = max(1, total // max(1, parallelism))
+        target = max(1, self.task_bytes, total // max(1, parallelism))
         out = []
         for u in self.units:
             for run in _chunks(u.items, target):
@@ -183,12 +192,12 @@ class Plan:
         return out
 
 
-def plan_values(states: list[tuple[str, Dump]], sel: Selection) -> Plan:
+def plan_values(states: list[tuple[str, Dump]], sel: Selection, task_bytes: int = TASK_BYTES) -> Plan:
     """A read of values: each state's chosen records."""
-    return Plan([Unit(p, list(chosen_records(d, sel)), []) for p, d in states], stats=False)
+    return Plan([Unit(p, list(chosen_records(d, sel)), []) for p, d in states], False, task_bytes)
 
 
-def plan_stats(states: list[tuple[str, Dump]], sel: Selection) -> Plan:
+def plan_stats(states: list[tuple[str, Dump]], sel: Selection, task_bytes: int = TASK_BYTES) -> Plan:
     """Statistics: each state's layers (with every selected kind of the state: ``Dump.stats``
     takes layers x kinds, and the task filters its rows by the whole predicate)."""
     units = []
@@ -198,4 +207,4 @@ def plan_stats(states: list[tuple[str, Dump]], sel: Selection) -> Plan:
         for (_, ly, _), n in recs:
             by_layer[ly] = by_layer.get(ly, 0) + n
         units.append(Unit(p, sorted(by_layer.items()), sorted({k for (_, _, k), _ in recs})))
-    return Plan(units, stats=True)
+    return Plan(units, True, task_bytes)

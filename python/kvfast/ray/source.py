@@ -117,11 +117,12 @@ class StatesSource(Datasource):
         schema = arrow_schema({c: self._schema[c] for c in wanted})
         work = self._work
         out = []
-        for task in self.tasks(parallelism):
+        # one task at least, so that an empty selection still has its schema
+        for task in self.tasks(parallelism) or [Task("", [], 0)]:
             meta = BlockMetadata(
                 num_rows=None, size_bytes=task.nbytes, exec_stats=None, input_files=(task.path,)
             )
-            read = _Read(work, task, wanted)
+            read = _Read(work, task, wanted, schema)
             try:
                 out.append(ReadTask(read, meta, schema=schema, per_task_row_limit=per_task_row_limit))
             except TypeError:  # Ray before per_task_row_limit / schema
@@ -136,6 +137,14 @@ class _Read:
     work: Work
     task: Task
     wanted: list[str]
+    schema: pa.Schema
 
     def __call__(self) -> Iterator[pa.Table]:
-        return self.work.run(self.task, self.wanted)
+        """The task's blocks; one empty block of the schema when no row is left."""
+        empty = True
+        if self.task.records or self.task.layers:
+            for block in self.work.run(self.task, self.wanted):
+                empty = False
+                yield block
+        if empty:
+            yield self.schema.empty_table()
