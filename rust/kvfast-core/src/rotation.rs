@@ -89,16 +89,19 @@ pub fn v_group(ty: GgmlType, head_dim: Option<u64>) -> Option<usize> {
 /// Multiply every group of `n` consecutive values of `row` by the orthonormal Hadamard matrix of
 /// order `n` (a power of two); a trailing partial group is left as it is (never the case for a row
 /// llama.cpp rotated). O(n log n) per group: the fast Walsh-Hadamard transform, eight lanes at a
-/// time with AVX where the CPU has it.
+/// time with AVX and FMA where the CPU has them.
 pub fn hadamard_groups(row: &mut [f32], n: usize) {
     if n < 2 || !n.is_power_of_two() {
         return;
     }
     let scale = 1.0 / (n as f32).sqrt();
     #[cfg(target_arch = "x86_64")]
-    if n >= 16 && std::arch::is_x86_feature_detected!("avx") {
+    if n >= 16
+        && std::arch::is_x86_feature_detected!("avx")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
         for g in row.chunks_exact_mut(n) {
-            // SAFETY: the CPU has AVX; `g` holds n values, n a power of two >= 16.
+            // SAFETY: the CPU has AVX and FMA; `g` holds n values, n a power of two >= 16.
             unsafe {
                 match n {
                     64 => fwht_avx_regs::<8>(g, scale),
@@ -136,22 +139,23 @@ fn fwht(x: &mut [f32]) {
 
 /// Stages h = 1, 2, 4 of the transform within one register of eight values.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
+#[target_feature(enable = "avx,fma")]
 #[inline]
 unsafe fn within8(a: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
     let m1 = _mm256_setr_ps(1., -1., 1., -1., 1., -1., 1., -1.);
     let m2 = _mm256_setr_ps(1., 1., -1., -1., 1., 1., -1., -1.);
     let m4 = _mm256_setr_ps(1., 1., 1., 1., -1., -1., -1., -1.);
-    let a = _mm256_add_ps(_mm256_mul_ps(a, m1), _mm256_permute_ps(a, 0b10_11_00_01));
-    let a = _mm256_add_ps(_mm256_mul_ps(a, m2), _mm256_permute_ps(a, 0b01_00_11_10));
-    _mm256_add_ps(_mm256_mul_ps(a, m4), _mm256_permute2f128_ps(a, a, 1))
+    // a * (+-1) + b in one rounding: the product is exact, so the same as a multiply then an add
+    let a = _mm256_fmadd_ps(a, m1, _mm256_permute_ps(a, 0b10_11_00_01));
+    let a = _mm256_fmadd_ps(a, m2, _mm256_permute_ps(a, 0b01_00_11_10));
+    _mm256_fmadd_ps(a, m4, _mm256_permute2f128_ps(a, a, 1))
 }
 
 /// The transform of a group of `8 * R` values (llama.cpp's 64 and 128) held whole in registers:
 /// one load and one store per value.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
+#[target_feature(enable = "avx,fma")]
 unsafe fn fwht_avx_regs<const R: usize>(g: &mut [f32], scale: f32) {
     use std::arch::x86_64::*;
     debug_assert_eq!(g.len(), 8 * R);
@@ -185,7 +189,7 @@ unsafe fn fwht_avx_regs<const R: usize>(g: &mut [f32], scale: f32) {
 /// as lane permutations inside one register, the stages across registers (h >= 8) as plain
 /// vector adds and subtracts, the scale folded into the last stage.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
+#[target_feature(enable = "avx,fma")]
 unsafe fn fwht_avx(g: &mut [f32], scale: f32) {
     use std::arch::x86_64::*;
     let n = g.len();
