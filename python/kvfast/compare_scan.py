@@ -19,21 +19,15 @@ from kvfast.analysis import MatchError, compare
 from kvfast.compare_modes import Match
 from kvfast.dataset import Paths, _batches, _geometry, _register, dump_id, expand
 from kvfast.dump import Dump, open
+from kvfast.schema import INDEX
 from kvfast.model import ModelGeometry
 from kvfast.rotation import Mode
 
-_KEYS: dict[str, pl.DataType] = {
-    "dump": pl.String(),
-    "path": pl.String(),
-    "cache": pl.Int32(),
-    "layer": pl.Int32(),
-    "model_layer": pl.Int32(),
-    "kind": pl.String(),
-}
+_KEYS: dict[str, pl.DataType] = {k: INDEX[k] for k in ("dump", "path", "cache", "layer", "model_layer", "kind")}
 SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     "cell": {
         **_KEYS,
-        **{k: pl.Int32() for k in ("cell", "pos", "seq_id", "head")},
+        **{k: INDEX[k] for k in ("cell", "pos", "seq_id", "head")},
         **{k: pl.Float64() for k in ("mse", "max_abs", "cosine", "rel")},
     },
     "layer": {

@@ -23,7 +23,7 @@ from typing import Any
 
 import polars as pl
 
-from kvfast import remote
+from kvfast import remote, schema
 from kvfast.dump import Dump, open
 from kvfast.model import ModelGeometry
 from kvfast.rotation import Mode
@@ -31,19 +31,7 @@ from kvfast.rotation import Mode
 STATE_SUFFIXES = (".bin", ".ggsq", ".ggsn", ".state", ".session", ".slot")
 RECORD_COLS = frozenset({"dump", "path", "cache", "layer", "model_layer", "kind"})
 INDEX_COLS = RECORD_COLS | {"stream", "cell", "pos", "seq_id", "head"}
-INDEX_SCHEMA: dict[str, pl.DataType] = {
-    "dump": pl.String(),
-    "path": pl.String(),
-    "cache": pl.Int32(),
-    "stream": pl.Int32(),
-    "layer": pl.Int32(),
-    "model_layer": pl.Int32(),
-    "kind": pl.String(),
-    "cell": pl.Int32(),
-    "pos": pl.Int32(),
-    "seq_id": pl.Int32(),
-    "head": pl.Int32(),
-}
+INDEX_SCHEMA: dict[str, pl.DataType] = {k: v for k, v in schema.INDEX.items() if k != "channel"}
 
 #: Records and value bytes read by scans in this process (to see pushdown at work).
 READS: Counter[str] = Counter()
@@ -98,39 +86,26 @@ def _geometry(model: str | os.PathLike[str] | ModelGeometry | None) -> ModelGeom
     return ModelGeometry.from_gguf(model)
 
 
+def records(d: Dump, kinds: Sequence[str] = ("k", "v")) -> pl.DataFrame:
+    """The state's records of ``kinds`` as kvfast-core lists them, one row per (cache, layer, kind)
+    with every stream's bytes summed: the record columns (dump, path, cache, layer, model_layer,
+    kind), then ``type``, ``n_embd`` (values per cell) and ``nbytes``."""
+    recs = pl.DataFrame(d._live().records())
+    recs = recs.filter(pl.col("kind").is_in(list(kinds)))
+    names = [pl.lit(v, pl.String()).alias(k) for k, v in _names(d).items()]
+    cols = [pl.col(k).cast(INDEX_SCHEMA[k]) for k in ("cache", "layer", "model_layer", "kind")]
+    return recs.select(*names, *cols, "type", "n_embd", "nbytes")
+
+
 def _records(d: Dump) -> pl.DataFrame:
-    """One row per (cache, layer, kind) present in the dump."""
-    rows: list[dict[str, Any]] = []
-    names = _names(d)
-    for c in d.caches:
-        s = max(c.streams, key=lambda s: len(s.layers))
-        for ly in s.layers:
-            for kind in ("k", "v"):
-                if kind == "k" or ly.v_type is not None:
-                    rows.append(
-                        {
-                            **names,
-                            "cache": c.index,
-                            "layer": ly.index,
-                            "model_layer": ly.model_layer,
-                            "kind": kind,
-                        }
-                    )
-    schema = {k: INDEX_SCHEMA[k] for k in ("dump", "path", "cache", "layer", "model_layer", "kind")}
-    return pl.DataFrame(rows, schema=schema, orient="row")
+    """One row per (cache, layer, kind) of the attention caches (K and V)."""
+    return records(d)
 
 
 def _record_bytes(d: Dump, cache: int, layer: int, kind: str) -> int:
-    rec = d.recurrent
-    if rec is not None and cache == rec.index:
-        rl = rec.layers[layer]
-        return rl.r_nbytes if kind == "r" else rl.s_nbytes
-    total = 0
-    for s in d.caches[cache].streams:
-        if layer < len(s.layers):
-            ly = s.layers[layer]
-            total += ly.k_nbytes if kind == "k" else (ly.v_nbytes or 0)
-    return total
+    """Row bytes of one record over every stream (0: the state has no such record)."""
+    recs = records(d, (kind,)).filter((pl.col("cache") == cache) & (pl.col("layer") == layer))
+    return int(recs["nbytes"].sum())
 
 
 def _frame(d: Dump, cache: int, layer: int, kind: str, dtype: str | None, values: bool) -> pl.DataFrame:
@@ -286,7 +261,7 @@ STATS_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     },
     "channel": {
         **{k: INDEX_SCHEMA[k] for k in ("cache", "layer", "model_layer", "kind", "head")},
-        "channel": pl.Int32(),
+        "channel": schema.INDEX["channel"],
         "count": pl.UInt64(),
         "cells": pl.UInt64(),
         **{k: pl.Float64() for k in ("mean", "std", "min", "max", "absmax", "outlier_ratio")},

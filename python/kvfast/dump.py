@@ -19,6 +19,7 @@ from kvfast.errors import ClosedError, ModelMismatchError, SelectionError
 from kvfast.model import ModelGeometry
 from kvfast.pre_rope import apply as keys_before_rope
 from kvfast.rotation import BuildHint, Mode, Rotation
+from kvfast.schema import INDEX
 from kvfast.rotation import plan as plan_rotation
 from kvfast.structure import _LAYER_KEYS, Cache, Recurrent, _build_caches, _build_recurrent, _i32
 
@@ -404,10 +405,10 @@ class Dump:
                 "nbytes": pl.UInt64,
                 "what": pl.String,
                 "role": pl.String,
-                "cache": pl.Int32,
-                "stream": pl.Int32,
-                "kind": pl.String,
-                "layer": pl.Int32,
+                "cache": INDEX["cache"],
+                "stream": INDEX["stream"],
+                "kind": INDEX["kind"],
+                "layer": INDEX["layer"],
                 "type": pl.String,
             },
         )

@@ -41,7 +41,6 @@ from kvfast.dataset import (
     INDEX_SCHEMA,
     Paths,
     _frame,
-    _record_bytes,
     _records,
     dump_id,
     expand,
@@ -193,13 +192,9 @@ def _partitions(opts: _Options, d: Dump) -> list[tuple[dict[str, Any], pl.DataFr
     ]
 
 
-def _all_f16(d: Dump, recs: pl.DataFrame) -> bool:
-    """Whether every record of `recs` is stored as f16."""
-    for c, ly, k in recs.select("cache", "layer", "kind").iter_rows():
-        for s in d.caches[c].streams:
-            if ly < len(s.layers) and (s.layers[ly].k_type if k == "k" else s.layers[ly].v_type) != "f16":
-                return False
-    return True
+def _all_f16(recs: pl.DataFrame) -> bool:
+    """Whether every record of `recs` (``dataset.records`` rows) is stored as f16."""
+    return bool((recs["type"] == "f16").all())
 
 
 def _part_frames(
@@ -210,10 +205,10 @@ def _part_frames(
     if opts.what == "values":
         dtype = opts.dtype
         if dtype == "native":  # this file's own type: f16 when all its records are, else float32
-            dtype = None if _all_f16(d, recs) else "float32"
-        for c, ly, k in recs.select("cache", "layer", "kind").iter_rows():
+            dtype = None if _all_f16(recs) else "float32"
+        for c, ly, k, nbytes in recs.select("cache", "layer", "kind", "nbytes").iter_rows():
             yield _frame(d, c, ly, k, dtype, values=True)
-            advance(_record_bytes(d, c, ly, k))
+            advance(nbytes)
     else:
         layers = sorted(set(recs["layer"].to_list()))
         kinds = sorted(set(recs["kind"].to_list()))

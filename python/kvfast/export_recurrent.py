@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
-from kvfast.dataset import INDEX_SCHEMA, _frame, _names
+from kvfast import dataset
+from kvfast.dataset import _frame
 from kvfast.dump import Dump
 
 #: The folder of a state's recurrent values in an export.
@@ -22,34 +22,16 @@ FOLDER = "recurrent"
 
 
 def records(d: Dump) -> pl.DataFrame:
-    """One row per (cache, layer, kind) of the recurrent part, as ``dataset._records`` gives K and V."""
-    rows: list[dict[str, Any]] = []
-    rec = d.recurrent
-    if rec is not None:
-        names = _names(d)
-        for ly in rec.layers:
-            for kind in ("r", "s"):
-                rows.append(
-                    {
-                        **names,
-                        "cache": rec.index,
-                        "layer": ly.index,
-                        "model_layer": ly.model_layer,
-                        "kind": kind,
-                    }
-                )
-    schema = {k: INDEX_SCHEMA[k] for k in ("dump", "path", "cache", "layer", "model_layer", "kind")}
-    return pl.DataFrame(rows, schema=schema, orient="row")
+    """One row per (cache, layer, kind) of the recurrent part, as ``dataset.records`` gives K and V."""
+    return dataset.records(d, ("r", "s"))
 
 
 def _frames(d: Dump, kind: str, dtype: str | None, advance: Callable[[int], None]) -> Iterator[pl.DataFrame]:
-    rec = d.recurrent
-    assert rec is not None
-    for ly in rec.layers:
-        nbytes = ly.r_nbytes if kind == "r" else ly.s_nbytes
-        if (ly.n_embd_r if kind == "r" else ly.n_embd_s) == 0:
+    recs = dataset.records(d, (kind,))
+    for cache, layer, n_embd, nbytes in recs.select("cache", "layer", "n_embd", "nbytes").iter_rows():
+        if n_embd == 0:
             continue  # rows of no value (LFM2 keeps no S)
-        yield _frame(d, rec.index, ly.index, kind, dtype, values=True)
+        yield _frame(d, cache, layer, kind, dtype, values=True)
         advance(nbytes)
 
 

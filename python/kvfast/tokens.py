@@ -16,13 +16,14 @@ import polars as pl
 
 from kvfast import _kvfast
 from kvfast.opened import OpenState
+from kvfast.schema import INDEX
 
 #: Columns of :func:`cell_tokens`, in order.
 SCHEMA = {
-    "cache": pl.Int32,
-    "stream": pl.Int32,
-    "cell": pl.Int32,
-    "pos": pl.Int32,
+    "cache": INDEX["cache"],
+    "stream": INDEX["stream"],
+    "cell": INDEX["cell"],
+    "pos": INDEX["pos"],
     "token": pl.Int32,
     "piece": pl.String,
 }
@@ -108,9 +109,9 @@ def cell_tokens(dump: OpenState) -> pl.DataFrame:
             frames.append(
                 pl.DataFrame(
                     {
-                        "cache": np.full(n, c.index, np.int32),
-                        "stream": np.full(n, s.index, np.int32),
-                        "cell": np.arange(n, dtype=np.int32),
+                        "cache": np.full(n, c.index, np.uint8),
+                        "stream": np.full(n, s.index, np.uint8),
+                        "cell": np.arange(n, dtype=np.uint32),
                         "pos": s.pos,
                         "token": pl.Series(np.where(known, tok, 0).astype(np.int32)).scatter(
                             np.flatnonzero(~known), None

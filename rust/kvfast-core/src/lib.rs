@@ -6,6 +6,8 @@
 pub mod alloc;
 pub mod cache;
 pub mod cells;
+pub mod columns;
+pub mod compare_table;
 pub mod container;
 pub mod cursor;
 pub mod decode;
@@ -20,6 +22,7 @@ pub mod match_position;
 pub mod matching;
 pub mod pages;
 pub mod quantize;
+pub mod records;
 pub mod recurrent;
 pub mod rope;
 pub mod rotation;
@@ -29,6 +32,7 @@ pub mod server_tokens;
 pub mod sparse;
 pub mod state;
 pub mod stats;
+pub mod stats_tables;
 pub mod table_plan;
 #[cfg(test)]
 mod testing;

@@ -23,6 +23,13 @@ pub enum PlanError {
         kind: Kind,
         layer: u32,
     },
+    #[error("head_dim {head_dim} makes {n} heads of layer {layer} {kind} rows: at most 65536")]
+    TooManyHeads {
+        head_dim: u64,
+        n: u64,
+        kind: Kind,
+        layer: u32,
+    },
     #[error("head {head} out of range: layer {layer} {kind} has {n} heads")]
     Head {
         head: u32,
@@ -123,6 +130,9 @@ impl<'a> Job<'a> {
     }
 }
 
+/// Heads of one row at most (the head column is 16 bits).
+pub const MAX_HEADS: u64 = 1 << 16;
+
 fn head_dim(rec: &Record, given: Option<u64>, kind: Kind, layer: u32) -> Result<usize, PlanError> {
     match given {
         None => Ok(rec.n_embd as usize),
@@ -130,6 +140,12 @@ fn head_dim(rec: &Record, given: Option<u64>, kind: Kind, layer: u32) -> Result<
         Some(h) if rec.n_embd % h != 0 => Err(PlanError::HeadDim {
             head_dim: h,
             n: rec.n_embd,
+            kind,
+            layer,
+        }),
+        Some(h) if rec.n_embd / h > MAX_HEADS => Err(PlanError::TooManyHeads {
+            head_dim: h,
+            n: rec.n_embd / h,
             kind,
             layer,
         }),

@@ -1,74 +1,119 @@
-//! Building one Arrow record batch from named columns.
+//! kvfast-core's plain tables as Arrow: one conversion for every table kvfast hands out.
+//!
+//! `kind` becomes a dictionary of u8 keys over ["k", "v", "r", "s"] with Polars' enumeration
+//! metadata, so Polars reads `Enum(["k", "v", "r", "s"])` (one type for every state: frames concat
+//! and join), pyarrow a dictionary, DuckDB text.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
+use arrow_array::types::UInt8Type;
 use arrow_array::{
-    ArrayRef, Float32Array, Float64Array, Int32Array, RecordBatch, UInt32Array, UInt64Array,
+    ArrayRef, DictionaryArray, PrimitiveArray, RecordBatch, StringArray, UInt8Array,
 };
-use arrow_schema::{Field, Schema};
+use arrow_buffer::{NullBuffer, ScalarBuffer};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use kvfast_core::columns::{Column, Table, Values};
+use kvfast_core::Kind;
 
 use crate::stream::ArrowStream;
-use crate::table::{optional_i32, repeated_str};
 
-#[derive(Default)]
-pub struct Columns {
-    fields: Vec<Field>,
-    arrays: Vec<ArrayRef>,
+/// The kinds in the enumeration's order.
+const KINDS: [&str; 4] = ["k", "v", "r", "s"];
+
+fn kind_key(k: Kind) -> u8 {
+    match k {
+        Kind::K => 0,
+        Kind::V => 1,
+        Kind::R => 2,
+        Kind::S => 3,
+    }
 }
 
-impl Columns {
-    fn push(&mut self, name: &str, a: ArrayRef) {
-        self.fields
-            .push(Field::new(name, a.data_type().clone(), true));
-        self.arrays.push(a);
-    }
+/// The `kind` field: a dictionary Polars reads as Enum(["k", "v", "r", "s"]).
+pub fn kind_field(name: &str) -> Field {
+    let dt = DataType::Dictionary(Box::new(DataType::UInt8), Box::new(DataType::Utf8));
+    let meta: HashMap<String, String> = [(
+        "_PL_ENUM_VALUES2".to_string(),
+        KINDS.iter().map(|k| format!("{};{k}", k.len())).collect(),
+    )]
+    .into();
+    Field::new(name, dt, false).with_metadata(meta)
+}
 
-    pub fn i32(&mut self, name: &str, v: Vec<i32>) {
-        self.push(name, Arc::new(Int32Array::from(v)));
-    }
+fn kind_values() -> Arc<StringArray> {
+    static V: OnceLock<Arc<StringArray>> = OnceLock::new();
+    V.get_or_init(|| Arc::new(StringArray::from(KINDS.to_vec())))
+        .clone()
+}
 
-    pub fn opt_i32(&mut self, name: &str, v: Vec<Option<i32>>) {
-        self.push(name, Arc::new(optional_i32(v)));
-    }
+/// A kind column of these kinds.
+pub fn kind_array(kinds: &[Kind]) -> ArrayRef {
+    let keys = UInt8Array::from(kinds.iter().map(|k| kind_key(*k)).collect::<Vec<_>>());
+    Arc::new(DictionaryArray::<UInt8Type>::new(keys, kind_values()))
+}
 
-    pub fn u32(&mut self, name: &str, v: Vec<u32>) {
-        self.push(name, Arc::new(UInt32Array::from(v)));
-    }
+fn primitive<T: arrow_array::ArrowPrimitiveType>(
+    v: Vec<T::Native>,
+    valid: Option<Vec<bool>>,
+) -> ArrayRef {
+    Arc::new(PrimitiveArray::<T>::new(
+        ScalarBuffer::from(v),
+        valid.map(NullBuffer::from),
+    ))
+}
 
-    pub fn u64(&mut self, name: &str, v: Vec<u64>) {
-        self.push(name, Arc::new(UInt64Array::from(v)));
+fn array(values: Values, valid: Option<Vec<bool>>) -> ArrayRef {
+    use arrow_array::types::*;
+    match values {
+        Values::U8(v) => primitive::<UInt8Type>(v, valid),
+        Values::U16(v) => primitive::<UInt16Type>(v, valid),
+        Values::U32(v) => primitive::<UInt32Type>(v, valid),
+        Values::I32(v) => primitive::<Int32Type>(v, valid),
+        Values::U64(v) => primitive::<UInt64Type>(v, valid),
+        Values::F32(v) => primitive::<Float32Type>(v, valid),
+        Values::F64(v) => primitive::<Float64Type>(v, valid),
+        Values::Kind(v) => kind_array(&v),
+        Values::Str(v) => Arc::new(StringArray::from(v)),
     }
+}
 
-    pub fn f64(&mut self, name: &str, v: Vec<f64>) {
-        self.push(name, Arc::new(Float64Array::from(v)));
+fn field(c: &Column, a: &ArrayRef) -> Field {
+    match c.values {
+        Values::Kind(_) => kind_field(c.name),
+        _ => Field::new(c.name, a.data_type().clone(), c.nullable),
     }
+}
 
-    pub fn f32(&mut self, name: &str, v: Vec<f32>) {
-        self.push(name, Arc::new(Float32Array::from(v)));
+/// The arrays of a table, and its schema.
+pub fn arrays(t: Table) -> (Vec<Field>, Vec<ArrayRef>) {
+    let mut fields = vec![];
+    let mut arrays = vec![];
+    for c in t.columns {
+        let a = array(c.values.clone(), c.valid.clone());
+        fields.push(field(&c, &a));
+        arrays.push(a);
     }
+    (fields, arrays)
+}
 
-    /// A column of one-byte kinds ('k' / 'v').
-    pub fn kind(&mut self, name: &str, v: &[&'static str]) {
-        let a = match v.first() {
-            Some(k) if v.iter().all(|x| x == k) => repeated_str(k, v.len()),
-            _ => arrow_array::StringArray::from(v.to_vec()),
-        };
-        self.push(name, Arc::new(a));
-    }
+/// A table as one record batch.
+pub fn batch(t: Table) -> RecordBatch {
+    let (fields, arrays) = arrays(t);
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).expect("columns of equal length")
+}
 
-    /// The columns as one record batch.
-    pub fn batch(self) -> RecordBatch {
-        let schema = Arc::new(Schema::new(self.fields));
-        RecordBatch::try_new(schema, self.arrays).expect("columns of equal length")
-    }
+/// Tables of one schema as a stream of batches (none: an empty stream of no columns).
+pub fn stream(tables: Vec<Table>) -> ArrowStream {
+    let batches: Vec<RecordBatch> = tables.into_iter().map(batch).collect();
+    let schema: SchemaRef = match batches.first() {
+        None => Arc::new(Schema::empty()),
+        Some(b) => b.schema(),
+    };
+    ArrowStream { schema, batches }
+}
 
-    pub fn finish(self) -> ArrowStream {
-        let schema = Arc::new(Schema::new(self.fields));
-        let batch =
-            RecordBatch::try_new(schema.clone(), self.arrays).expect("columns of equal length");
-        ArrowStream {
-            schema,
-            batches: vec![batch],
-        }
-    }
+/// One table as a stream.
+pub fn finish(t: Table) -> ArrowStream {
+    stream(vec![t])
 }

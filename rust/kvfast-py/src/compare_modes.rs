@@ -3,7 +3,9 @@
 
 use pyo3::prelude::*;
 
-use crate::analysis::{compare_matched, Match, Select};
+use kvfast_core::compare_table::Match;
+
+use crate::analysis::{compare_matched, Select};
 use crate::errors::Result;
 use crate::state::State;
 use crate::stream::ArrowStream;

@@ -93,6 +93,17 @@ fn type_names() -> String {
     }
 }
 
+impl From<kvfast_core::stats_tables::TableError> for Error {
+    fn from(e: kvfast_core::stats_tables::TableError) -> Self {
+        use kvfast_core::stats_tables::TableError as E;
+        match e {
+            E::Plan(p) => Error::Plan(p),
+            E::Core(c) => Error::Core(c),
+            E::Mismatch(m) => Error::Mismatch(m),
+        }
+    }
+}
+
 impl From<std::convert::Infallible> for Error {
     fn from(e: std::convert::Infallible) -> Self {
         match e {}

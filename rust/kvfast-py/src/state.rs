@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use kvfast_core::layer_map::{layer_map, LayerMap, ModelLayers};
+use kvfast_core::records::{records, records_table};
 use kvfast_core::recurrent::RecurrentHint;
 use kvfast_core::rope::{rope_of, CellRope, RopeSpec};
 use kvfast_core::select::{jobs, Selection};
@@ -13,6 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::buf::{i32s, Buf};
+use crate::columns::finish;
 use crate::errors::{Error, Result};
 use crate::model::ModelArg;
 use crate::rope_args::{rope_spec, RopeArgs};
@@ -343,6 +345,16 @@ impl State {
     #[getter]
     fn model_layers(&self) -> LayerMap {
         self.geometry().model_layers
+    }
+
+    /// One row per (cache, layer, kind), every stream's bytes summed (kvfast-core's records):
+    /// cache, layer, model_layer, kind, type, n_embd, nbytes.
+    fn records(&self) -> Result<ArrowStream> {
+        let sf = self.get()?;
+        Ok(finish(records_table(&records(
+            &sf.layout,
+            &self.geometry().model_layers,
+        ))))
     }
 
     /// The rotation groups set by `set_rotation`.

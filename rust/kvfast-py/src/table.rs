@@ -4,16 +4,16 @@
 
 use std::sync::Arc;
 
-use arrow_array::{
-    ArrayRef, FixedSizeListArray, Float16Array, Float32Array, Int32Array, RecordBatch, StringArray,
-};
-use arrow_buffer::{Buffer, MutableBuffer, OffsetBuffer, ScalarBuffer};
+use arrow_array::{ArrayRef, FixedSizeListArray, Float16Array, Float32Array, RecordBatch};
+use arrow_buffer::{Buffer, MutableBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
+use kvfast_core::columns::{empty_value_index, value_index};
 use kvfast_core::layer_map::{model_layer, LayerMap};
 use kvfast_core::select::{cell_seq_pairs, jobs, Job, Selection};
 use kvfast_core::table_plan::{plan, Dtype, Out};
 use kvfast_core::StateFile;
 
+use crate::columns::arrays;
 use crate::errors::Result;
 use crate::rows::{record_rows, Rows};
 
@@ -40,23 +40,13 @@ pub fn schema(out: Out, head_dim: usize) -> SchemaRef {
         },
         false,
     ));
-    let i32f = |n: &str, null: bool| Field::new(n, DataType::Int32, null);
-    Arc::new(Schema::new(vec![
-        i32f("cache", false),
-        i32f("stream", false),
-        i32f("layer", false),
-        i32f("model_layer", true),
-        Field::new("kind", DataType::Utf8, false),
-        i32f("cell", false),
-        i32f("pos", false),
-        i32f("seq_id", true),
-        i32f("head", false),
-        Field::new(
-            "values",
-            DataType::FixedSizeList(item, head_dim as i32),
-            false,
-        ),
-    ]))
+    let (mut fields, _) = arrays(empty_value_index());
+    fields.push(Field::new(
+        "values",
+        DataType::FixedSizeList(item, head_dim as i32),
+        false,
+    ));
+    Arc::new(Schema::new(fields))
 }
 
 /// Build every selected batch (decoding in parallel inside each record).
@@ -120,7 +110,7 @@ fn batch(
     let all_heads: Vec<u32> = (0..n_heads as u32).collect();
     let heads = heads.unwrap_or(&all_heads);
     let pairs = cell_seq_pairs(s, seq_default, 0);
-    let mut columns = index_columns(job, &pairs, heads, model_layer);
+    let (_, mut columns) = arrays(value_index(job, &pairs, heads, model_layer));
     if let Some(rows) = rows {
         columns.push(values(item, rows, &pairs, heads, hd)?);
     }
@@ -167,66 +157,11 @@ fn values(
     Ok(Arc::new(list))
 }
 
-/// cache, stream, layer, model_layer, kind, cell, pos, seq_id, head.
-fn index_columns(
-    job: &Job,
-    pairs: &[(usize, Option<i32>)],
-    heads: &[u32],
-    model_layer: Option<i32>,
-) -> Vec<ArrayRef> {
-    let s = job.stream;
-    let n = pairs.len() * heads.len();
-    let constant = |v: i32| Arc::new(Int32Array::from(vec![v; n])) as ArrayRef;
-    let mut cell = Vec::with_capacity(n);
-    let mut pos = Vec::with_capacity(n);
-    let mut seq = Vec::with_capacity(n);
-    let mut head = Vec::with_capacity(n);
-    for (c, q) in pairs {
-        for h in heads {
-            cell.push(*c as i32);
-            pos.push(s.pos[*c]);
-            seq.push(*q);
-            head.push(*h as i32);
-        }
-    }
-    vec![
-        constant(job.cache as i32),
-        constant(s.index as i32),
-        constant(job.layer as i32),
-        Arc::new(Int32Array::from(vec![model_layer; n])),
-        Arc::new(repeated_str(job.kind.name(), n)),
-        Arc::new(Int32Array::from(cell)),
-        Arc::new(Int32Array::from(pos)),
-        Arc::new(optional_i32(seq)),
-        Arc::new(Int32Array::from(head)),
-    ]
-}
-
-/// `n` copies of a one-byte string, built from its buffers.
-pub fn repeated_str(s: &'static str, n: usize) -> StringArray {
-    let offsets: Vec<i32> = (0..=n as i32).map(|i| i * s.len() as i32).collect();
-    let values = s.as_bytes().repeat(n);
-    StringArray::new(
-        OffsetBuffer::new(ScalarBuffer::from(offsets)),
-        Buffer::from_vec(values),
-        None,
-    )
-}
-
-/// Optional values, with no validity bitmap when none is missing.
-pub fn optional_i32(v: Vec<Option<i32>>) -> Int32Array {
-    if v.iter().all(Option::is_some) {
-        Int32Array::from(v.into_iter().map(|x| x.unwrap_or(0)).collect::<Vec<_>>())
-    } else {
-        Int32Array::from(v)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::{state, value};
-    use arrow_array::Array;
+    use arrow_array::{Array, UInt16Array};
     use kvfast_core::GgmlType;
 
     fn selection(heads: Option<Vec<u32>>, dtype: Dtype, with_values: bool) -> TableRequest {
@@ -273,7 +208,7 @@ mod tests {
             .flat_map(|c| (0..8).map(move |j| value(c, 1, "k", j)))
             .collect();
         assert_eq!(values_of(b), want);
-        let model_layer = b.column(3).as_any().downcast_ref::<Int32Array>().unwrap();
+        let model_layer = b.column(3).as_any().downcast_ref::<UInt16Array>().unwrap();
         assert_eq!(model_layer.value(0), 1); // from the layer map
     }
 
@@ -291,7 +226,7 @@ mod tests {
             .flat_map(|c| (4..8).map(move |j| value(c, 0, "v", j)))
             .collect();
         assert_eq!(values_of(v), want);
-        let head = v.column(8).as_any().downcast_ref::<Int32Array>().unwrap();
+        let head = v.column(8).as_any().downcast_ref::<UInt16Array>().unwrap();
         assert_eq!(head.values().to_vec(), vec![1, 1]);
     }
 
@@ -330,11 +265,37 @@ mod tests {
     }
 
     #[test]
-    fn repeated_strings_and_optional_ints() {
-        let s = repeated_str("v", 3);
-        assert_eq!(s.iter().collect::<Vec<_>>(), vec![Some("v"); 3]);
-        assert!(optional_i32(vec![Some(1), Some(2)]).nulls().is_none());
-        let o = optional_i32(vec![Some(1), None]);
-        assert_eq!(o.null_count(), 1);
+    fn narrow_index_columns_kind_an_enumeration() {
+        let sf = state(2, 1, 8, GgmlType::F16);
+        let (schema, out) = batches(&sf, &selection(None, Dtype::Stored, false), Some(0)).unwrap();
+        let types: Vec<String> = schema
+            .fields()
+            .iter()
+            .map(|f| f.data_type().to_string())
+            .collect();
+        assert_eq!(
+            types,
+            [
+                "UInt8",
+                "UInt8",
+                "UInt16",
+                "UInt16",
+                "Dictionary(UInt8, Utf8)",
+                "UInt32",
+                "Int32",
+                "UInt8",
+                "UInt16"
+            ]
+        );
+        assert_eq!(
+            schema.field(4).metadata()["_PL_ENUM_VALUES2"],
+            "1;k1;v1;r1;s"
+        );
+        let kind = out[1]
+            .column(4)
+            .as_any()
+            .downcast_ref::<arrow_array::DictionaryArray<arrow_array::types::UInt8Type>>()
+            .unwrap();
+        assert_eq!(kind.keys().value(0), 1); // V of layer 0
     }
 }
