@@ -37,6 +37,9 @@ S3_DEFAULTS: dict[str, Any] = {
 
 StorageOptions = Mapping[str, Any] | None
 
+#: Ranged requests in flight at once for one state.
+PARALLEL = 32
+
 
 def is_url(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` names an object in storage (a URL other than ``file://``)."""
@@ -157,8 +160,10 @@ class _Fetcher:
     def __call__(self, ranges: list[tuple[int, int]]) -> list[bytes]:
         starts = [o for o, _ in ranges]
         ends = [o + n for o, n in ranges]
+        # at most PARALLEL requests at once (fsspec's async file systems: s3, gcs, http, ...)
+        batch = {"batch_size": PARALLEL} if getattr(self.fs, "async_impl", False) else {}
         try:
-            got = self.fs.cat_ranges([self.path] * len(ranges), starts, ends, on_error="raise")
+            got = self.fs.cat_ranges([self.path] * len(ranges), starts, ends, on_error="raise", **batch)
         except Exception as e:  # the client's own exception types differ by protocol
             raise _failed(self.url, e, f"reading {len(ranges)} ranges") from e
         return [bytes(b) for b in got]
