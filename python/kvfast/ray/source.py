@@ -41,14 +41,14 @@ class Work:
     dtype: str | None
 
     def run(self, task: Task, wanted: list[str]) -> Iterator[pa.Table]:
-        d = self.how.open(task.path)
         # no column wanted (Ray's count): blocks of the dump column alone, so that the rows count
         # (Arrow's tables of no column lose their rows when concatenated)
         cols = wanted or ["dump"]
-        frames = self._values(d, task, cols) if self.what == "values" else self._stats(d, task, cols)
-        for df in frames:
-            if df.height:
-                yield df.to_arrow()
+        with self.how.open(task.path) as d:  # blocks already made stay valid after close
+            frames = self._values(d, task, cols) if self.what == "values" else self._stats(d, task, cols)
+            for df in frames:
+                if df.height:
+                    yield df.to_arrow()
 
     def _values(self, d: Any, task: Task, wanted: list[str]) -> Iterator[pl.DataFrame]:
         """As ``scan`` reads a record: its index filtered first where the predicate allows it."""
