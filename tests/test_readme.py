@@ -1,6 +1,7 @@
 """Every README snippet runs as written: the Python blocks in order in one namespace, and the shell
 blocks of kvfast commands, from a folder that has the repository's tests/data (the paths they name)."""
 
+import contextlib
 import os
 import re
 import subprocess
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from s3_server import moto_s3
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -29,12 +31,24 @@ def test_there_are_snippets() -> None:
     assert len(PY_BLOCKS) >= 4 and len(SH_BLOCKS) == 1
 
 
-def test_python_snippets_run(in_copy: Path) -> None:
+def test_python_snippets_run(in_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("matplotlib")
     ns: dict[str, object] = {}
     exec("import kvfast\nimport polars as pl\n", ns)  # noqa: S102 (the README is the code under test)
-    for block in PY_BLOCKS:
-        exec(compile(block, "README.md", "exec"), ns)  # noqa: S102
+    with contextlib.ExitStack() as stack:
+        if any("s3://" in b for b in PY_BLOCKS):
+            # the bucket the object-storage snippet reads: moto's S3 server, the states of a folder
+            import fsspec
+
+            for k, v in stack.enter_context(moto_s3()).items():
+                monkeypatch.setenv(k, v)
+            fs = fsspec.filesystem("s3", skip_instance_cache=True)
+            fs.mkdir("kvfast-readme")
+            for p in sorted((ROOT / "tests/data/qwen3tiny-f16-fa").iterdir()):
+                if p.suffix in (".bin", ".ggsq", ".ggsn"):
+                    fs.put(str(p), f"kvfast-readme/runs/{p.name}")
+        for block in PY_BLOCKS:
+            exec(compile(block, "README.md", "exec"), ns)  # noqa: S102
     assert list(in_copy.glob("parquet/*/layer-1.parquet"))
 
 
