@@ -112,6 +112,25 @@ def test_columns_and_projection(cluster: str) -> None:
         kray.read_states(F16, head_dim=32, columns=["nope"])
 
 
+def test_two_caches_and_keys_before_rope(cluster: str) -> None:
+    """An iSWA pair (Gemma 3: two caches), and keys before RoPE with a model (its geometry and
+    GGUF path go to the workers)."""
+    gemma = dataset.expand(DATA / "gemma3-270m-f16-fa")
+    got = kray.to_polars(kray.read_states(gemma, head_dim=256, kind="k", cache=1))
+    want = kvfast.scan(gemma, head_dim=256).filter(kind="k", cache=1).collect()
+    assert_frame_equal(got.sort(KEY), want.sort(KEY))
+    got = kray.to_polars(kray.stats(gemma, by="head", head_dim=256))
+    want = kvfast.scan_stats(gemma, by="head", head_dim=256).collect()
+    keys = ["dump", "cache", "layer", "kind", "head"]
+    assert_frame_equal(got.sort(keys), want.sort(keys))
+    model = DATA / "models" / "tiny-qwen3.gguf"
+    d = DATA / "qwen3tiny-3seq-shared"
+    got = kray.to_polars(kray.read_states(d, model=model, pre_rope=True, kind="k"))
+    want = kvfast.scan(d, model=model, pre_rope=True).filter(kind="k").collect()
+    assert got.schema["values"] == pl.Array(pl.Float32, 32)
+    assert_frame_equal(got.sort(KEY), want.sort(KEY))
+
+
 def test_mixed_types_decode_to_float32(cluster: str) -> None:
     paths = [str(DATA / "qwen3tiny-f16-fa/seq-0.bin"), str(DATA / "qwen3tiny-q8_0-fa/seq-0.bin")]
     got = kray.to_polars(kray.read_states(paths, head_dim=32))
@@ -197,7 +216,14 @@ def _tree(out: Path) -> dict[str, object]:
     return files
 
 
-@pytest.mark.parametrize("opts", [{}, {"what": "stats", "by": "channel", "partition_by": ("layer", "kind")}])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"what": "stats", "by": "channel", "partition_by": ("layer", "kind")},
+        {"hive": True, "dtype": "native", "partition_by": ("layer", "kind")},
+    ],
+)
 def test_export_is_kvfast_export(cluster: str, tmp_path: Path, opts: dict[str, object]) -> None:
     one, many = tmp_path / "one", tmp_path / "many"
     want = kvfast.export(F16, one, head_dim=32, jobs=1, **opts)  # type: ignore[arg-type]
@@ -205,6 +231,7 @@ def test_export_is_kvfast_export(cluster: str, tmp_path: Path, opts: dict[str, o
     assert_frame_equal(got, want)
     a, b = _tree(one), _tree(many)
     assert list(a) == list(b) and len(a) == len(F16) * (3 if not opts else 5)
+    assert opts.get("hive", False) == any("layer=" in name for name in a)
     for name in a:
         assert a[name] == b[name] if name.endswith(".json") else a[name].equals(b[name]), name  # type: ignore[union-attr]
     assert not list(tmp_path.glob(".*"))  # no staging left beside the output
