@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import kvfast
-from kvfast import views
+from kvfast import hexview
 from kvfast.cli_args import non_negative_int, positive_int
 from kvfast.plot_scale import parse_cells
 
@@ -43,14 +43,14 @@ def open_state(path: str, args: argparse.Namespace) -> kvfast.Dump:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     with open_state(args.path, args) as d:
-        rows = views.rows(d, args.layer, args.kind, cells=args.cells, head=args.head, cache=args.cache)
-    print(json.dumps(rows, indent=1) if args.json else views.format_rows(rows))
+        rows = hexview.rows(d, args.layer, args.kind, cells=args.cells, head=args.head, cache=args.cache)
+    print(json.dumps(rows, indent=1) if args.json else hexview.format_rows(rows))
     return 0
 
 
 def _cmd_addr(args: argparse.Namespace) -> int:
     with open_state(args.path, args) as d:
-        a = views.address(
+        a = hexview.address(
             d,
             args.layer,
             args.cell,

@@ -19,11 +19,13 @@ from kvfast.analysis import MatchError, compare
 from kvfast.compare_modes import Match
 from kvfast.dataset import Paths, _batches, _geometry, _register, dump_id, expand
 from kvfast.dump import Dump, open
-from kvfast.schema import INDEX
 from kvfast.model import ModelGeometry
 from kvfast.rotation import Mode
+from kvfast.schema import INDEX
 
-_KEYS: dict[str, pl.DataType] = {k: INDEX[k] for k in ("dump", "path", "cache", "layer", "model_layer", "kind")}
+_KEYS: dict[str, pl.DataType] = {
+    k: INDEX[k] for k in ("dump", "path", "cache", "layer", "model_layer", "kind")
+}
 SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     "cell": {
         **_KEYS,

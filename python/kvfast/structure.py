@@ -161,7 +161,7 @@ class Recurrent:
         )
 
 
-def _i32(buf: _kvfast.Buf) -> npt.NDArray[np.int32]:
+def _i32(buf: _kvfast.ByteView) -> npt.NDArray[np.int32]:
     # a read-only view of the binding's buffer: no copy, no object per cell
     return np.frombuffer(memoryview(buf), dtype=np.dtype("<i4")).view(np.int32)
 

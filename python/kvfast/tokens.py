@@ -19,13 +19,13 @@ from kvfast.opened import OpenState
 from kvfast.schema import INDEX
 
 #: Columns of :func:`cell_tokens`, in order.
-SCHEMA = {
+SCHEMA: dict[str, pl.DataType] = {
     "cache": INDEX["cache"],
     "stream": INDEX["stream"],
     "cell": INDEX["cell"],
     "pos": INDEX["pos"],
-    "token": pl.Int32,
-    "piece": pl.String,
+    "token": pl.Int32(),
+    "piece": pl.String(),
 }
 
 

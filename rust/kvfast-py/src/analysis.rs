@@ -19,13 +19,13 @@ use crate::stream::ArrowStream;
 /// What to compute over, as Python passes it.
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
-pub struct Select {
+pub struct SelectArg {
     caches: Option<Vec<u32>>,
     layers: Option<Vec<u32>>,
     kinds: Option<Vec<String>>,
 }
 
-impl Select {
+impl SelectArg {
     /// kvfast-core's selection, in the state's geometry, rotation and RoPE.
     pub(crate) fn selection(self, state: &State) -> Result<Selection> {
         let g = state.geometry();
@@ -47,7 +47,7 @@ impl Select {
 pub fn cell_stats(
     py: Python<'_>,
     state: &State,
-    sel: Select,
+    sel: SelectArg,
     skip_first: i32,
 ) -> Result<ArrowStream> {
     let sf = state.get()?;
@@ -69,7 +69,7 @@ pub fn cell_stats(
 pub fn aggregate_stats(
     py: Python<'_>,
     state: &State,
-    sel: Select,
+    sel: SelectArg,
     skip_first: i32,
 ) -> Result<(ArrowStream, ArrowStream, ArrowStream)> {
     let sf = state.get()?;
@@ -99,7 +99,7 @@ pub fn quant_error(
     py: Python<'_>,
     state: &State,
     type_name: &str,
-    sel: Select,
+    sel: SelectArg,
     skip_first: i32,
     rotate: (usize, usize),
 ) -> Result<ArrowStream> {
@@ -139,7 +139,7 @@ pub fn quantize<'py>(
 
 /// Errors of `b` against `a`, cells matched by (sequence, position) (kvfast-core's `matching`).
 #[pyfunction]
-pub fn compare(py: Python<'_>, a: &State, b: &State, sel: Select) -> Result<ArrowStream> {
+pub fn compare(py: Python<'_>, a: &State, b: &State, sel: SelectArg) -> Result<ArrowStream> {
     compare_matched(py, a, b, sel, Match::Sequence)
 }
 
@@ -148,7 +148,7 @@ pub(crate) fn compare_matched(
     py: Python<'_>,
     a: &State,
     b: &State,
-    sel: Select,
+    sel: SelectArg,
     how: Match,
 ) -> Result<ArrowStream> {
     let (sa, sb) = (a.get()?, b.get()?);

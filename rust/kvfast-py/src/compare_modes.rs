@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 
 use kvfast_core::compare_table::Match;
 
-use crate::analysis::{compare_matched, Select};
+use crate::analysis::{compare_matched, SelectArg};
 use crate::errors::Result;
 use crate::state::State;
 use crate::stream::ArrowStream;
@@ -18,7 +18,7 @@ pub fn compare_positions(
     py: Python<'_>,
     a: &State,
     b: &State,
-    sel: Select,
+    sel: SelectArg,
     below: Option<i32>,
 ) -> Result<ArrowStream> {
     compare_matched(py, a, b, sel, Match::Position(below))

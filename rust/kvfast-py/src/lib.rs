@@ -1,7 +1,7 @@
 //! `kvfast._kvfast`: the thin PyO3 layer over kvfast-core.
 
 mod analysis;
-mod buf;
+mod byte_view;
 mod columns;
 mod compare_modes;
 mod errors;
@@ -24,7 +24,7 @@ use pyo3::prelude::*;
 fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<state::State>()?;
-    m.add_class::<buf::Buf>()?;
+    m.add_class::<byte_view::ByteView>()?;
     m.add_class::<stream::ArrowStream>()?;
     m.add_function(wrap_pyfunction!(model::gguf_metadata, m)?)?;
     m.add_function(wrap_pyfunction!(model::gguf_vocab, m)?)?;

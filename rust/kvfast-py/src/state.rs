@@ -13,7 +13,7 @@ use kvfast_core::{GgmlType, Kind, Record, StateFile, WalkOptions};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::buf::{i32s, Buf};
+use crate::byte_view::{i32s, ByteView};
 use crate::columns::finish;
 use crate::errors::{Error, Result};
 use crate::model::ModelArg;
@@ -417,7 +417,7 @@ impl State {
     }
 
     /// `n` f32 values starting at byte `offset` (logits, embeddings), copied.
-    fn floats_at(&self, py: Python<'_>, offset: u64, n: u64) -> Result<Buf> {
+    fn floats_at(&self, py: Python<'_>, offset: u64, n: u64) -> Result<ByteView> {
         let sf = self.get()?;
         let end = offset
             .checked_add(n.saturating_mul(4))
@@ -425,7 +425,7 @@ impl State {
         let end = end.ok_or(Error::OutsideState)?;
         self.ready_ranges(py, &sf, &[(offset, end - offset)])?;
         sf.require(offset, end - offset, || "floats".into())?;
-        Ok(Buf {
+        Ok(ByteView {
             data: arrow_buffer::Buffer::from(&sf.bytes()[offset as usize..end as usize]),
         })
     }
@@ -517,7 +517,7 @@ impl State {
         kind: &str,
         dtype: Option<&str>,
         stored: bool,
-    ) -> Result<(Buf, &'static str, usize, usize, bool)> {
+    ) -> Result<(ByteView, &'static str, usize, usize, bool)> {
         let sf = self.get()?;
         let dtype = parse_dtype(dtype)?;
         let (rec, kind) = Self::record(&sf, cache, stream, layer, kind)?;
@@ -541,7 +541,13 @@ impl State {
         } else {
             "float32"
         };
-        Ok((Buf { data: r.buf }, name, r.n_embd, r.cells, r.zero_copy))
+        Ok((
+            ByteView { data: r.buf },
+            name,
+            r.n_embd,
+            r.cells,
+            r.zero_copy,
+        ))
     }
 
     /// The values column of this state's whole value table (every K and V record, as stored, in

@@ -10,12 +10,12 @@ use pyo3::prelude::*;
 
 /// Bytes owned by Rust: a view of the memory map, or decoded values.
 #[pyclass(frozen, module = "kvfast._kvfast")]
-pub struct Buf {
+pub struct ByteView {
     pub data: Buffer,
 }
 
 #[pymethods]
-impl Buf {
+impl ByteView {
     fn __len__(&self) -> usize {
         self.data.len()
     }
@@ -74,8 +74,8 @@ impl Buf {
 }
 
 /// Little-endian i32 values as a buffer.
-pub fn i32s(v: &[i32]) -> Buf {
-    Buf {
+pub fn i32s(v: &[i32]) -> ByteView {
+    ByteView {
         data: Buffer::from_vec(v.to_vec()),
     }
 }
