@@ -174,6 +174,22 @@ def test_scan_scan_stats_export_read_s3_as_files(s3: dict[str, str], tmp_path: P
     assert kvfast.scan(prefix, head_dim=32, storage_options=opts).select(pl.len()).collect().item() > 0
 
 
+def test_an_object_rewritten_after_open_is_a_changed_file(s3: dict[str, str], tmp_path: Path) -> None:
+    fs = fsspec.filesystem("s3")
+    for seed in (1, 2):
+        synth.write_state(
+            tmp_path / f"{seed}.ggsq", container="ggsq", cells=256, n_layer=4, n_embd_k=1024, seed=seed
+        )
+    fs.put(str(tmp_path / "1.ggsq"), f"{BUCKET}/rewritten.ggsq")
+    d = kvfast.open(url("rewritten.ggsq"))
+    first = d.values(3, "k")  # fetched now: a later rewrite does not change it
+    fs.put(str(tmp_path / "2.ggsq"), f"{BUCKET}/rewritten.ggsq")  # same size, other bytes
+    with pytest.raises(kvfast.FileChangedError, match="changed since it was opened") as e:
+        d.values(3, "v")
+    assert e.value.filename == url("rewritten.ggsq")
+    assert np.array_equal(d.values(3, "k"), first)
+
+
 def test_missing_objects_and_buckets_are_remote_errors(s3: dict[str, str]) -> None:
     for u in (url("nope.ggsq"), "s3://no-such-bucket-kvfast/x.bin"):
         with pytest.raises(kvfast.RemoteError, match="no such object") as e:

@@ -4,8 +4,9 @@ A URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, anything `fsspec <https:
 has a file system for) is read by ranged requests into a sparse copy of the object (an anonymous
 map of its size: pages never fetched cost no memory). The walk fetches the object's head, then
 the cell metadata and record headers it reads, in a few rounds (kvfast-core's ``sparse``); every
-later pass (values, tables, statistics, comparisons, scans, exports) first fetches the rows of
-the records it reads, the pages not fetched yet, in parallel requests (fsspec's ``cat_ranges``).
+later pass (values, tables, statistics, comparisons, scans, exports) first checks that the
+object is unchanged (size, ETag, modification time: else :class:`kvfast.FileChangedError`) and
+fetches the rows of the records it reads, the pages not fetched yet, in parallel requests (fsspec's ``cat_ranges``).
 A pass never reads a byte that was not fetched: that is checked in Rust
 (:class:`kvfast.NotFetchedError`), never zeros in its place. ``file://`` URLs and plain paths
 stay memory-mapped.
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvfast import _kvfast
-from kvfast.errors import RemoteError
+from kvfast.errors import FileChangedError, RemoteError
 
 #: Options of fsspec's S3 file system (s3fs) when ``storage_options`` does not give them: timeouts
 #: and retries, so that no request waits for ever.
@@ -152,12 +153,23 @@ def _failed(url: str, e: BaseException, doing: str) -> RemoteError:
 
 
 class _Fetcher:
-    """``fetch(ranges) -> list[bytes]`` for kvfast-core: the ranges of one object, in parallel."""
+    """``fetch(ranges) -> list[bytes]`` for kvfast-core: the ranges of one object, in parallel,
+    after checking that the object is still the one opened (its size, ETag and modification
+    time), as a local state checks its file before each pass."""
 
-    def __init__(self, url: str, fs: Any, path: str) -> None:
-        self.url, self.fs, self.path = url, fs, path
+    def __init__(self, url: str, fs: Any, path: str, stamp: dict[str, Any]) -> None:
+        self.url, self.fs, self.path, self.stamp = url, fs, path, stamp
+        self.checked = True  # just looked up: the walk's first round needs no second look
 
     def __call__(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        if not self.checked:
+            now = _stamp(self.fs, self.path, self.url)
+            if now != self.stamp:
+                what = ", ".join(f"{k} {self.stamp[k]} -> {now[k]}" for k in now if now[k] != self.stamp[k])
+                err = FileChangedError(f"{self.url} changed since it was opened: {what}; open it again")
+                err.filename = self.url  # type: ignore[attr-defined]  # set by the binding too
+                raise err
+        self.checked = False
         starts = [o for o, _ in ranges]
         ends = [o + n for o, n in ranges]
         # at most PARALLEL requests at once (fsspec's async file systems: s3, gcs, http, ...)
@@ -188,10 +200,10 @@ def dump_id_of_url(url: str) -> str:
     return f"{stem}-{hashlib.sha1(u.encode()).hexdigest()[:10]}"
 
 
-def info(url: str, storage_options: StorageOptions = None) -> dict[str, Any]:
-    """The object's size and what tells its version (ETag, modification time), as stored."""
-    fs, path = filesystem(url, storage_options)
+def _stamp(fs: Any, path: str, url: str) -> dict[str, Any]:
+    """The object's size, ETag and modification time, looked up now (not from a listing)."""
     try:
+        fs.invalidate_cache(path)
         i = fs.info(path)
     except Exception as e:
         raise _failed(url, e, "looking up the object") from e
@@ -202,6 +214,12 @@ def info(url: str, storage_options: StorageOptions = None) -> dict[str, Any]:
     return {"size": int(i["size"]), "etag": None if etag is None else str(etag), "mtime": str(mtime)}
 
 
+def info(url: str, storage_options: StorageOptions = None) -> dict[str, Any]:
+    """The object's size and what tells its version (ETag, modification time), as stored now."""
+    fs, path = filesystem(url, storage_options)
+    return _stamp(fs, path, url)
+
+
 def open_state(
     url: str,
     storage_options: StorageOptions = None,
@@ -210,11 +228,10 @@ def open_state(
     recurrent: tuple[int, int] | None = None,
 ) -> _kvfast.State:
     """Walk the state at ``url``, fetching its metadata only (a few rounds of ranged requests)."""
-    size = info(url, storage_options)["size"]
     fs, path = filesystem(url, storage_options)
-    return _kvfast.State.remote(
-        size, _Fetcher(url, fs, path), cell_ext=cell_ext, v_less=v_less, recurrent=recurrent
-    )
+    stamp = _stamp(fs, path, url)
+    fetch = _Fetcher(url, fs, path, stamp)
+    return _kvfast.State.remote(stamp["size"], fetch, cell_ext=cell_ext, v_less=v_less, recurrent=recurrent)
 
 
 def expand(url: str, suffixes: set[str], storage_options: StorageOptions = None) -> list[str]:
