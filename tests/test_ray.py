@@ -102,6 +102,46 @@ def test_an_empty_selection_keeps_the_schema(cluster: str) -> None:
     assert got.is_empty() and got.schema == kvfast.scan_stats(F16, by="layer", head_dim=32).collect_schema()
 
 
+def test_ray_filters_are_pushed_down(cluster: str) -> None:
+    from ray.data.expressions import col
+
+    ds = kray.read_states(SHARED, head_dim=32)
+    lf = kvfast.scan(SHARED, head_dim=32)
+    cases = [
+        (col("layer") == 1, lf.filter(layer=1)),
+        ((col("head") == 1) & (col("pos") >= 12), lf.filter(pl.col("pos") >= 12, head=1)),
+        (col("kind").is_in(["v"]) & ~(col("cell") < 3), lf.filter(pl.col("cell") >= 3, kind="v")),
+        ((col("pos") + 1) > 12, lf.filter(pl.col("pos") > 11)),  # not pushed: Ray filters it
+    ]
+    for expr, want in cases:
+        got = kray.to_polars(ds.filter(expr=expr))
+        assert_frame_equal(got.sort(KEY), want.collect().sort(KEY))
+
+
+def test_ray_filters_narrow_the_plan() -> None:
+    from ray.data.expressions import col
+
+    from kvfast.ray.ray_expr import to_polars
+    from kvfast.ray.source import StatesSource
+
+    how = plan.opening(32, None, "auto", False)
+    sel = plan.selection(None, {"kind": "k"})
+    schema = {**dataset.INDEX_SCHEMA, "values": pl.Array(pl.Float16, 32)}
+    src = StatesSource(
+        plan.plan(_states(SHARED), sel, False, 1), Work(how, sel, "values", None), schema, None, "t"
+    )
+    pushed = src.apply_predicate(col("layer") == 1)
+    assert {r for t in pushed.tasks(1000) for r in t.records} == {(0, 1, "k")}
+    assert pushed._work.sel.records is not None and pushed is not src
+    rows = src.apply_predicate(col("head") == 0)
+    assert rows._work.sel.index_only and len(rows.tasks(1000)) == len(src.tasks(1000))
+    assert src.apply_predicate((col("pos") + 1) > 2) is src  # arithmetic: left to Ray
+    assert src.apply_predicate(col("nope") == 1) is src
+    assert str(to_polars(col("seq_id").is_null() | col("pos").not_in([1, 2]))) == str(
+        pl.col("seq_id").is_null() | ~pl.col("pos").is_in([1, 2])
+    )
+
+
 def test_columns_and_projection(cluster: str) -> None:
     ds = kray.read_states(F16, head_dim=32, columns=["dump", "pos", "values"])
     got = kray.to_polars(ds.select_columns(["dump", "pos"]))
@@ -148,7 +188,7 @@ def test_planning_reads_only_the_selected_records() -> None:
     that layer's bytes alone (the tasks run here, in this process, to count)."""
     states = _states(SHARED)
     sel = plan.selection(None, {"layer": 1})
-    tasks = plan.plan_values(states, sel, task_bytes=1).tasks(200)
+    tasks = plan.plan(states, sel, False, task_bytes=1).tasks(200)
     assert {r[1] for t in tasks for r in t.records} == {1}
     assert sorted({t.path for t in tasks}) == sorted(SHARED)
     how = plan.opening(32, None, "auto", False)
@@ -167,19 +207,19 @@ def test_planning_reads_only_the_selected_records() -> None:
     sel = plan.selection(pl.col("pos") >= 12, {"head": 1})
     assert sel.index_only and sel.records is None
     dataset.READS.clear()
-    for t in plan.plan_values(states, sel).tasks(1):
+    for t in plan.plan(states, sel, False).tasks(1):
         list(Work(how, sel, "values", None).run(t, ["values"]))
     assert dataset.READS["records"] == 4 * 4
 
 
 def test_tasks_split_states_by_bytes_never_across() -> None:
     states = _states(F16)
-    one = plan.plan_values(states, plan.selection(None, {})).tasks(1)
+    one = plan.plan(states, plan.selection(None, {}), False).tasks(1)
     assert len(one) == len(F16) and all(len(t.records) == 4 for t in one)
-    assert plan.plan_values(states, plan.selection(None, {})).tasks(1000) == one  # small: a task a state
-    many = plan.plan_values(states, plan.selection(None, {}), 1).tasks(1000)
+    assert plan.plan(states, plan.selection(None, {}), False).tasks(1000) == one  # small: a task a state
+    many = plan.plan(states, plan.selection(None, {}), False, 1).tasks(1000)
     assert len(many) == 4 * len(F16) and all(len(t.records) == 1 for t in many)
-    stats = plan.plan_stats(states, plan.selection(None, {"kind": "k"}), 1).tasks(1000)
+    stats = plan.plan(states, plan.selection(None, {"kind": "k"}), True, 1).tasks(1000)
     assert len(stats) == 2 * len(F16) and all(t.kinds == ["k"] and len(t.layers) == 1 for t in stats)
 
 

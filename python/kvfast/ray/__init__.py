@@ -73,7 +73,7 @@ def read_states(
     values_type, dtype = dataset._values_schema([d for _, d in states])
     schema = {**dataset.INDEX_SCHEMA, "values": values_type}
     _check_columns(columns, schema)
-    planned = plan.plan_values(states, sel, task_bytes)
+    planned = plan.plan(states, sel, False, task_bytes)
     _close(states)
     source = StatesSource(
         planned,
@@ -115,7 +115,7 @@ def stats(
     sel = plan.selection(filter, _chosen(locals()))
     states = _open(paths, how)
     schema = {"dump": pl.String(), "path": pl.String(), **dataset.STATS_SCHEMAS[by]}
-    planned = plan.plan_stats(states, sel, task_bytes)
+    planned = plan.plan(states, sel, True, task_bytes)
     _close(states)
     source = StatesSource(
         planned,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numbers
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Any
 
@@ -81,6 +81,14 @@ class Selection:
     #: Whether `rows` needs no value column (each record's index is filtered before its values).
     index_only: bool = False
 
+    def narrowed(self, expr: pl.Expr) -> Selection:
+        """This selection and `expr` (a predicate pushed later: Ray's filter)."""
+        if set(expr.meta.root_names()) <= dataset.RECORD_COLS:
+            return replace(self, records=_all([e for e in (self.records, expr) if e is not None]))
+        rows = _all([e for e in (self.rows, expr) if e is not None])
+        assert rows is not None
+        return replace(self, rows=rows, index_only=set(rows.meta.root_names()) <= dataset.INDEX_COLS)
+
     @property
     def whole(self) -> pl.Expr | None:
         """Both parts as one predicate."""
@@ -129,15 +137,17 @@ class Task:
     kinds: list[str] = field(default_factory=list)
 
 
-def chosen_records(d: Dump, sel: Selection) -> list[tuple[Record, int]]:
-    """The state's records the selection may want, in order, each with its value bytes."""
+#: The columns of a plan's records.
+_RECORD_KEYS = ("dump", "path", "cache", "layer", "model_layer", "kind")
+
+
+def _record_table(at: str, d: Dump) -> pl.DataFrame:
+    """The state's records (K and V) with their value bytes, and ``_at``, the path its tasks open."""
     recs = dataset._records(d)
-    if sel.records is not None:
-        recs = recs.filter(sel.records)
-    keys = recs.select("cache", "layer", "kind").iter_rows()
-    if "nbytes" in recs.columns:
-        return list(zip(keys, recs["nbytes"].cast(pl.Int64).to_list(), strict=True))
-    return [((c, ly, k), dataset._record_bytes(d, c, ly, k)) for c, ly, k in keys]
+    if "nbytes" not in recs.columns:
+        keys = recs.select("cache", "layer", "kind").iter_rows()
+        recs = recs.with_columns(nbytes=pl.Series([dataset._record_bytes(d, *k) for k in keys]))
+    return recs.select(*_RECORD_KEYS, pl.col("nbytes").cast(pl.Int64), _at=pl.lit(at, pl.String()))
 
 
 def _chunks(items: Sequence[tuple[Any, int]], target: int) -> list[list[tuple[Any, int]]]:
@@ -157,54 +167,43 @@ def _chunks(items: Sequence[tuple[Any, int]], target: int) -> list[list[tuple[An
 
 
 @dataclass(frozen=True)
-class Unit:
-    """What one state gives a read: its records (values) or layers (statistics) the selection
-    wants, in order, each with its value bytes, and for statistics the kinds."""
-
-    path: str
-    items: list[tuple[Any, int]]
-    kinds: list[str]
-
-
-@dataclass(frozen=True)
 class Plan:
-    """The units of every state (no open state in it: it is picklable and holds no map)."""
+    """The records a read wants, of every state, with their bytes: a table, no open state (it
+    pickles and holds no map), narrowed by record predicates pushed later (Ray's filters)."""
 
-    units: list[Unit]
+    records: pl.DataFrame
     stats: bool
-
     #: The fewest value bytes a task takes (a state's records, when it has fewer).
     task_bytes: int = TASK_BYTES
 
+    def narrowed(self, expr: pl.Expr) -> Plan:
+        return replace(self, records=self.records.filter(expr))
+
     def tasks(self, parallelism: int) -> list[Task]:
         """Tasks of about equal bytes (the selected bytes over `parallelism`, at least
-        `task_bytes`), never across states."""
-        total = sum(n for u in self.units for _, n in u.items)
+        `task_bytes`), never across states: groups of records, or for statistics groups of layers
+        with every selected kind of the state (``Dump.stats`` takes layers x kinds; the task
+        filters its rows by the whole predicate)."""
+        total = int(self.records["nbytes"].sum())
         target = max(1, self.task_bytes, total // max(1, parallelism))
         out = []
-        for u in self.units:
-            for run in _chunks(u.items, target):
-                keys, nbytes = [k for k, _ in run], sum(n for _, n in run)
-                if self.stats:
-                    out.append(Task(u.path, [], nbytes, layers=keys, kinds=u.kinds))
-                else:
-                    out.append(Task(u.path, keys, nbytes))
+        for (at,), group in self.records.group_by("_at", maintain_order=True):
+            if self.stats:
+                kinds = sorted(set(group["kind"].to_list()))
+                layers = group.group_by("layer").agg(pl.col("nbytes").sum()).sort("layer")
+                for run in _chunks(list(layers.iter_rows()), target):
+                    nbytes = sum(n for _, n in run)
+                    out.append(Task(str(at), [], nbytes, layers=[ly for ly, _ in run], kinds=kinds))
+            else:
+                cols = group.select("cache", "layer", "kind", "nbytes").iter_rows()
+                for run in _chunks([((c, ly, k), n) for c, ly, k, n in cols], target):
+                    out.append(Task(str(at), [r for r, _ in run], sum(n for _, n in run)))
         return out
 
 
-def plan_values(states: list[tuple[str, Dump]], sel: Selection, task_bytes: int = TASK_BYTES) -> Plan:
-    """A read of values: each state's chosen records."""
-    return Plan([Unit(p, list(chosen_records(d, sel)), []) for p, d in states], False, task_bytes)
-
-
-def plan_stats(states: list[tuple[str, Dump]], sel: Selection, task_bytes: int = TASK_BYTES) -> Plan:
-    """Statistics: each state's layers (with every selected kind of the state: ``Dump.stats``
-    takes layers x kinds, and the task filters its rows by the whole predicate)."""
-    units = []
-    for p, d in states:
-        recs = chosen_records(d, sel)
-        by_layer: dict[int, int] = {}
-        for (_, ly, _), n in recs:
-            by_layer[ly] = by_layer.get(ly, 0) + n
-        units.append(Unit(p, sorted(by_layer.items()), sorted({k for (_, _, k), _ in recs})))
-    return Plan(units, True, task_bytes)
+def plan(states: list[tuple[str, Dump]], sel: Selection, stats: bool, task_bytes: int = TASK_BYTES) -> Plan:
+    """The plan of a read of values (``stats`` False) or statistics over `states`."""
+    recs = pl.concat([_record_table(at, d) for at, d in states])
+    if sel.records is not None:
+        recs = recs.filter(sel.records)
+    return Plan(recs, stats, task_bytes)

@@ -6,13 +6,14 @@ equal bytes, none across two states. Each task opens its state where it runs and
 block per record (values f16 as Arrow ``halffloat`` when every state is f16, as in ``scan``), or
 for statistics one block of ``Dump.stats`` over its layers, computed by the Rust kernels there.
 Column pruning (``Dataset.select_columns``) is pushed into the tasks: without ``values`` no value
-byte is read.
+byte is read; so are Ray's filters (``Dataset.filter(expr=...)``) that Polars can say
+(:mod:`kvfast.ray.ray_expr`), as ``filter=`` is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import polars as pl
@@ -22,6 +23,7 @@ from ray.data.block import BlockMetadata
 
 from kvfast import dataset
 from kvfast.ray.plan import Opening, Plan, Selection, Task
+from kvfast.ray.ray_expr import to_polars
 
 
 def arrow_schema(schema: dict[str, pl.DataType]) -> pa.Schema:
@@ -96,6 +98,24 @@ class StatesSource(Datasource):
 
     def supports_projection_pushdown(self) -> bool:
         return True
+
+    def supports_predicate_pushdown(self) -> bool:
+        return True
+
+    def apply_predicate(self, predicate_expr: Any) -> StatesSource:
+        """Ray's filter (``ds.filter(expr=...)``) pushed into the read, applied as ``filter=``;
+        where it cannot be said in Polars, unchanged (Ray then filters the rows itself)."""
+        expr = to_polars(predicate_expr)
+        if expr is None or not set(expr.meta.root_names()) <= set(self._schema):
+            return self
+        clone = super().apply_predicate(predicate_expr)  # a copy, Ray's record of it kept
+        assert isinstance(clone, StatesSource)
+        sel = self._work.sel.narrowed(expr)
+        clone._work = replace(self._work, sel=sel)
+        if sel.records is not None:
+            clone._plan = self._plan.narrowed(sel.records)
+        clone._tasks = {}
+        return clone
 
     def wanted(self) -> list[str]:
         """The columns the blocks hold: those asked for, less those Ray's projection prunes."""
