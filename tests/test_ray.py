@@ -1,5 +1,5 @@
 """kvfast.ray on a real local Ray cluster (a head node and a second worker node, each its own
-``ray start`` with one CPU, started once for the module) against the single-machine path on the
+``ray start`` with one CPU, started once for the session) against the single-machine path on the
 same states: read_states against scan, stats against scan_stats, export against export."""
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ KEY = ["dump", "cache", "stream", "layer", "kind", "cell", "seq_id", "head"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster() -> Iterator[str]:
-    """A head and a worker node on this machine (two raylets, one CPU each); the driver connected."""
+    """A head and a worker node on this machine (two raylets, one CPU each); the driver connected.
+    Kept to the end of the session: later tests that use Ray (test_remote's) find it initialized."""
     with LocalCluster(nodes=2, cpus=1) as c:
         ray.data.DataContext.get_current().enable_progress_bars = False
         yield c.address
