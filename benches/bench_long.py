@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import subprocess
 import sys
@@ -154,9 +155,14 @@ def main() -> None:
                 t = time.perf_counter()
                 size = synth.write_state(path, cells=tokens, n_layer=N_LAYER, n_embd_k=N_EMBD, k_type=ty)
                 written = time.perf_counter() - t
-                print(f"{name}: wrote {size / 1e9:.2f} GB in {written:.1f} s", flush=True)
+                peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+                print(
+                    f"{name}: wrote {size / 1e9:.2f} GB in {written:.1f} s (kvfast.synth streams it:"
+                    f" this process's peak RSS so far {peak / 2**20:.0f} MiB)",
+                    flush=True,
+                )
                 warm(path)
-                results[name] = {"state": {"bytes": size, "write_s": written}}
+                results[name] = {"state": {"bytes": size, "write_s": written, "writer_peak_rss": peak}}
                 for step in steps:
                     r = run_step(step, path, Path(tmp) / "export", 1 if step == "export" else args.repeat)
                     if isinstance(r, str):

@@ -369,23 +369,30 @@ pub fn accumulate(v: &RecordView, cells: &[usize], head_dim: usize) -> Accum {
         return Accum::new(n, heads);
     }
     let direct = direct_f16(v, head_dim);
-    // Rows read as stored need no buffer: larger chunks, fewer merges.
-    let per = v.chunk_cells() * if direct { 4 } else { 1 };
+    // One task's sums merge once: tasks of several chunks, decoded (where they must be) a chunk
+    // at a time into the task's buffer.
+    let sub = v.chunk_cells();
     cells
-        .par_chunks(per)
-        .map(|chunk| {
+        .par_chunks(sub * 4)
+        .map_init(Vec::new, |buf: &mut Vec<f32>, chunk| {
             populate_chunk(v, chunk);
             let mut sums = ChannelSums::new(n, head_dim);
-            let mut buf = vec![0f32; if direct { n } else { chunk.len() * n }];
             if direct {
-                buf.fill(f32::NAN); // the row of a cell the view does not hold
-                let row = |c: usize| stored_row(v, c).map_or(Values::F32(&buf), Values::F16);
+                buf.clear();
+                buf.resize(n, f32::NAN); // the row of a cell the view does not hold
+                let row = |c: usize| stored_row(v, c).map_or(Values::F32(buf), Values::F16);
                 add_rows(&mut sums, chunk.iter().map(|&c| row(c)));
             } else {
-                for (i, &c) in chunk.iter().enumerate() {
-                    decode_cell(v, c, &mut buf[i * n..(i + 1) * n]);
+                buf.resize(sub * n, 0.0);
+                for part in chunk.chunks(sub) {
+                    for (i, &c) in part.iter().enumerate() {
+                        decode_cell(v, c, &mut buf[i * n..(i + 1) * n]);
+                    }
+                    add_rows(
+                        &mut sums,
+                        buf[..part.len() * n].chunks_exact(n).map(Values::F32),
+                    );
                 }
-                add_rows(&mut sums, buf.chunks_exact(n).map(Values::F32));
             }
             Accum {
                 channels: sums.moments(),
