@@ -19,9 +19,9 @@ from kvfast.errors import ClosedError, ModelMismatchError, SelectionError
 from kvfast.model import ModelGeometry
 from kvfast.pre_rope import apply as keys_before_rope
 from kvfast.rotation import BuildHint, Mode, Rotation
-from kvfast.schema import INDEX
 from kvfast.rotation import plan as plan_rotation
-from kvfast.structure import _LAYER_KEYS, Cache, Recurrent, _build_caches, _build_recurrent, _i32
+from kvfast.schema import INDEX
+from kvfast.structure import Cache, Recurrent, _build_caches, _build_recurrent, _i32
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -89,15 +89,6 @@ class Dump:
             )
         info = self._state.info()
         self._info = info
-        every = self._state.caches()
-        # the attention caches (the recurrent part, if any, is the last cache)
-        raw = [c for c in every if c["memory"] == "kv"]
-        rec_raw = next((c for c in every if c["memory"] == "recurrent"), None)
-        for c in raw:
-            for s in c["streams"]:
-                s["layers"] = [
-                    {k: ld[k] for k in _LAYER_KEYS if k not in ("index", "model_layer")} for ld in s["layers"]
-                ]
         self.head_dim_k = self.head_dim_v = head_dim
         if model is not None:
             self.head_dim_k = model.head_dim_k or None  # 0: no attention layer
@@ -111,16 +102,14 @@ class Dump:
             raise ModelMismatchError(str(e)) from None
         #: Per cache (the recurrent part last), the model layer of each cache layer (None: not known).
         self._model_layers: list[list[int] | None] = self._state.model_layers
+        # the walk's caches, each layer with its model layer (the recurrent part, if any, is last)
+        every = self._state.caches()
+        raw = [c for c in every if c["memory"] == "kv"]
+        rec_raw = next((c for c in every if c["memory"] == "recurrent"), None)
         if model is not None:
             self._check_model(model, raw, head_dim)
-        for ci, c_raw in enumerate(raw):
-            m = self._model_layers[ci]
-            for s in c_raw["streams"]:
-                for li, ld in enumerate(s["layers"]):
-                    ld["model_layer"] = None if m is None else m[li]
         self._caches = _build_caches(raw)
-        recurrent_layers = self._model_layers[-1] if rec_raw is not None else None
-        self._recurrent = None if rec_raw is None else _build_recurrent([*raw, rec_raw], recurrent_layers)
+        self._recurrent = None if rec_raw is None else _build_recurrent([*raw, rec_raw])
         select.check_rows(self._caches, self.head_dim_k, self.head_dim_v)
         heads = (self.head_dim_k, self.head_dim_v)
         self._rotation = plan_rotation(self._state, self._caches, info, heads, rotation, self._build_hint)
@@ -144,12 +133,10 @@ class Dump:
     def _check_model(self, model: ModelGeometry, raw: list[dict[str, Any]], head_dim: int | None) -> None:
         if head_dim is not None and head_dim != model.head_dim_k:
             raise ModelMismatchError(f"head_dim={head_dim} but the model's key_length is {model.head_dim_k}")
-        for c, c_raw in enumerate(raw):
-            layers = self._model_layers[c]
-            assert layers is not None  # a model maps every attention cache
+        for c_raw in raw:
             for s in c_raw["streams"]:
-                for li, ld in enumerate(s["layers"]):
-                    ml = layers[li]
+                for ld in s["layers"]:
+                    ml = ld["model_layer"]
                     n = model.n_head_kv[ml]
                     for kind, dim in (("k", model.head_dim_k), ("v", model.head_dim_v)):
                         have = ld[f"n_embd_{kind}"]

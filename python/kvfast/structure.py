@@ -190,26 +190,19 @@ def _build_caches(raw: list[dict[str, Any]]) -> list[Cache]:
         if c.get("memory", "kv") != "kv":
             continue
         streams = [
-            _stream(s, [Layer(index=li, **ld) for li, ld in enumerate(s["layers"])]) for s in c["streams"]
+            _stream(s, [Layer(**{k: ld[k] for k in _LAYER_KEYS}) for ld in s["layers"]]) for s in c["streams"]
         ]
         caches.append(Cache(index=ci, offset=c["offset"], streams=streams))
     return caches
 
 
-def _build_recurrent(raw: list[dict[str, Any]], model_layers: list[int] | None) -> Recurrent | None:
+def _build_recurrent(raw: list[dict[str, Any]]) -> Recurrent | None:
     """The recurrent part of the binding's cache dicts, if the state has one."""
     for ci, c in enumerate(raw):
         if c.get("memory") != "recurrent":
             continue
         s = c["streams"][0]
-        layers = [
-            RecurrentLayer(
-                index=li,
-                model_layer=None if model_layers is None else model_layers[li],
-                **{k: ld[k] for k in _RECURRENT_KEYS if k not in ("index", "model_layer")},
-            )
-            for li, ld in enumerate(s["layers"])
-        ]
+        layers = [RecurrentLayer(**{k: ld[k] for k in _RECURRENT_KEYS}) for ld in s["layers"]]
         return Recurrent(
             index=ci, offset=c["offset"], n_layer=c["n_layer"], stream=_stream(s, []), layers=layers
         )

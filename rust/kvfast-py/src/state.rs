@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use kvfast_core::layer_map::{layer_map, LayerMap, ModelLayers};
+use kvfast_core::layer_map::{layer_map, model_layer, LayerMap, ModelLayers};
 use kvfast_core::records::{records, records_table};
 use kvfast_core::recurrent::RecurrentHint;
 use kvfast_core::rope::{rope_of, CellRope, RopeSpec};
@@ -433,8 +433,9 @@ impl State {
     /// Caches as lists of stream dicts (metadata arrays as little-endian i32 buffers).
     fn caches<'py>(&self, py: Python<'py>) -> Result<Bound<'py, PyList>> {
         let sf = self.get()?;
+        let map = self.geometry().model_layers;
         let caches = PyList::empty(py);
-        for c in &sf.layout.caches {
+        for (ci, c) in sf.layout.caches.iter().enumerate() {
             let streams = PyList::empty(py);
             for s in &c.streams {
                 let d = PyDict::new(py);
@@ -455,8 +456,10 @@ impl State {
                 } else {
                     Kind::BOTH
                 };
-                for l in &s.layers {
+                for (li, l) in s.layers.iter().enumerate() {
                     let ld = PyDict::new(py);
+                    ld.set_item("index", li)?;
+                    ld.set_item("model_layer", model_layer(&map, ci as u32, li as u32))?;
                     for kind in kinds {
                         let r = l.record(kind);
                         let k = kind.name();
