@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 from timing import best
 
+import pyarrow as pa
+
 import kvfast
 from kvfast import synth
 
@@ -79,6 +81,21 @@ def kvfast_values(d: kvfast.Dump, recs: list[tuple[int, str, int, int, int]]) ->
     return n
 
 
+def index_bytes(t: pa.Table) -> dict[str, float]:
+    """Bytes a row of the table's index columns (validity bitmaps included), as kvfast types them and
+    as int32 with ``kind`` as text (the types before kvfast.schema)."""
+    index = [n for n in t.column_names if n != "values"]
+    narrow = sum(t.column(n).nbytes for n in index)
+    wide = 0
+    for n in index:
+        col = t.column(n)
+        if n == "kind":
+            wide += col.cast(pa.string()).nbytes
+        else:
+            wide += col.cast(pa.int32()).nbytes
+    return {"narrow": narrow / t.num_rows, "int32": wide / t.num_rows}
+
+
 def warm(path: Path) -> None:
     with open(path, "rb") as f:
         while f.read(64 << 20):
@@ -116,6 +133,7 @@ def main() -> None:
         t_polars = best(lambda: d.to_polars(), args.repeat)
         t_np = best(lambda: numpy_f16(mm, recs), args.repeat)
         size = d.size
+        index = index_bytes(d.to_arrow())
     with kvfast.open(f16_small, head_dim=128) as d:
         t_small = best(lambda: d.to_arrow(), args.repeat)
         size_small = d.size
@@ -131,6 +149,7 @@ def main() -> None:
         "small_state_bytes": size_small,
         "numpy_astype_s": t_np,
         "numpy_over_kvfast": t_np / t_table,
+        "index_bytes_per_row": index,
     }
 
     # q8_0: decoding to float32
@@ -166,6 +185,12 @@ def main() -> None:
         f"\nf16 table: {f['numpy_over_kvfast']:.0f}x faster than NumPy's astype;"
         f" {f['to_arrow_s'] / f['to_arrow_small_s']:.2f}x the time of a state"
         f" {f['state_bytes'] / f['small_state_bytes']:.0f}x smaller"
+    )
+    idx = f["index_bytes_per_row"]
+    assert isinstance(idx, dict)
+    print(
+        f"index columns: {idx['narrow']:.1f} bytes a row (kvfast.schema's types) against {idx['int32']:.1f}"
+        f" as int32 and text ({idx['narrow'] / idx['int32']:.2f}x)"
     )
     print(
         f"q8_0 decode: {q['speedup_vs_numpy']:.1f}x NumPy's throughput;"
