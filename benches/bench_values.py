@@ -22,9 +22,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from timing import best
-
 import pyarrow as pa
+from timing import best
 
 import kvfast
 from kvfast import synth
