@@ -2,7 +2,7 @@
 //! then, for a recurrent or hybrid model, its recurrent part (`recurrent.rs`).
 
 use crate::cells::read_cells;
-use crate::cursor::{Bytes, Cursor};
+use crate::cursor::{predict, Bytes, Cursor};
 use crate::error::{Error, Result};
 use crate::layout::{Cache, Kind, Layer, Memory, Record, Stream};
 use crate::recurrent::{parse_recurrent, RecurrentHint};
@@ -255,17 +255,6 @@ fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result
         .map(|(k, v)| Layer { k, v })
         .collect();
     Ok(stream)
-}
-
-/// Hint the headers of the `count` records after `rec` (read last), taken to be of its size,
-/// when its size differs from the last one hinted (`stride`): a remote state's walk then fetches
-/// a stream's record headers in a round or two, not one round per record.
-pub(crate) fn predict(cur: &Cursor, rec: &Record, stride: &mut Option<u64>, count: u32) {
-    let size = rec.header_len + rec.data_len;
-    if *stride != Some(size) {
-        *stride = Some(size);
-        cur.hint_strided(cur.pos() as u64, size, count as u64, rec.header_len);
-    }
 }
 
 fn read_type(cur: &mut Cursor, field: &str) -> Result<GgmlType> {

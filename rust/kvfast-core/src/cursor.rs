@@ -199,3 +199,19 @@ impl<'a> Cursor<'a> {
             .collect())
     }
 }
+
+/// Hint the headers of the `count` records after `rec` (read last), taken to be of its size,
+/// when its size differs from the last one hinted (`stride`): a remote state's walk then fetches
+/// a stream's record headers in a round or two, not one round per record.
+pub(crate) fn predict(
+    cur: &Cursor,
+    rec: &crate::layout::Record,
+    stride: &mut Option<u64>,
+    count: u32,
+) {
+    let size = rec.header_len + rec.data_len;
+    if *stride != Some(size) {
+        *stride = Some(size);
+        cur.hint_strided(cur.pos() as u64, size, count as u64, rec.header_len);
+    }
+}

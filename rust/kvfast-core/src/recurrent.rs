@@ -58,7 +58,7 @@ pub fn parse_recurrent(cur: &mut Cursor, hint: Option<RecurrentHint>) -> Result<
                     format!("{AT} s {}", i - h.layers)
                 };
                 let r = record(cur, &field, cell_count)?;
-                crate::cache::predict(cur, &r, &mut stride, 2 * h.layers - i);
+                crate::cursor::predict(cur, &r, &mut stride, 2 * h.layers - i);
                 records.push(r);
             }
             if !cur.at_end() {
@@ -86,7 +86,7 @@ pub fn parse_recurrent(cur: &mut Cursor, hint: Option<RecurrentHint>) -> Result<
                 let field = format!("{AT} record {}", records.len());
                 let r = record(cur, &field, cell_count)?;
                 let left = 2 * n_layer - records.len() as u32;
-                crate::cache::predict(cur, &r, &mut stride, left);
+                crate::cursor::predict(cur, &r, &mut stride, left);
                 records.push(r);
             }
         }
