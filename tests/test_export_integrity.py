@@ -24,7 +24,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 import kvfast
-from kvfast import export_commit, synth
+from kvfast import export_commit, export_parquet, synth
 from kvfast.cli import main
 
 HERE = Path(__file__).resolve()
@@ -305,8 +305,11 @@ def _child(argv: list[str]) -> None:
 
         return wrapped
 
-    if hook == "write_table":  # in the middle of a Parquet file
-        pq.ParquetWriter.write_table = killing(pq.ParquetWriter.write_table)
+    if hook == "write_table":  # in the middle of a Parquet file: after one of its row groups (a record)
+        write = export_parquet.write_values
+        export_parquet.write_values = lambda d, parts, dtype, advance: write(
+            d, parts, dtype, killing(advance)
+        )
     elif hook == "publish":  # before a publish or a retire, or between moving an old folder out and
         os.rename = killing(os.rename)  # the new one in (where directories cannot be exchanged)
         export_commit.exchange = killing(export_commit.exchange)

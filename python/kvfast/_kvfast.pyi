@@ -1,5 +1,6 @@
 """Stubs of the Rust extension (checked against the built module by `make lint`)."""
 
+from collections.abc import Callable
 from os import PathLike
 from typing import Any, final
 
@@ -27,6 +28,7 @@ __all__ = [
     "quant_error",
     "quantize",
     "rotation_group",
+    "write_parquet",
     "write_state",
 ]
 
@@ -147,3 +149,14 @@ def write_state(
 def quantize(type_name: str, values: list[float] | Any) -> bytes: ...
 def compare(a: State, b: State, sel: dict[str, Any]) -> ArrowStream: ...
 def compare_positions(a: State, b: State, sel: dict[str, Any], below: int | None = None) -> ArrowStream: ...
+def write_parquet(
+    state: State,
+    parts: list[tuple[str, list[tuple[int, int, str]], str | None]],
+    dump: str,
+    path: str,
+    index_schema: bytes,
+    advance: Callable[[int], object],
+    zstd: int | None = None,
+    split: bool = False,
+    page_bytes: int = 1048576,
+) -> list[tuple[int, str | None]]: ...

@@ -36,7 +36,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvfast import export_recurrent, remote
+from kvfast import export_parquet, export_recurrent, remote
 from kvfast.dataset import (
     INDEX_SCHEMA,
     Paths,
@@ -256,9 +256,14 @@ def _export_one(opts: _Options, commit: Commit, progress: Progress, path: str, r
             rotation=opts.rotation,
             pre_rope=pre is not None,
         ) as d:
-            for part, recs in _partitions(opts, d):
-                dest = opts.dest(staged, key, part)
-                n, values = _write(_part_frames(opts, d, part, recs, advance), dest)
+            parts = [(opts.dest(staged, key, part), part, recs) for part, recs in _partitions(opts, d)]
+            if opts.what == "values":  # in Rust, the partitions in parallel (kvfast.export_parquet)
+                written = export_parquet.write_values(d, [(p[0], p[2]) for p in parts], opts.dtype, advance)
+            else:
+                written = [
+                    _write(_part_frames(opts, d, part, recs, advance), dest) for dest, part, recs in parts
+                ]
+            for (dest, _, _), (n, values) in zip(parts, written, strict=True):
                 row["files"] += dest.exists()
                 row["rows"] += n
                 types |= {values} if values else set()

@@ -6,6 +6,7 @@ mod columns;
 mod compare_modes;
 mod errors;
 mod model;
+mod parquet_write;
 mod remote;
 mod rope_args;
 mod rotation;
@@ -38,6 +39,7 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rotation::rotation_group, m)?)?;
     m.add_function(wrap_pyfunction!(types::ggml_types, m)?)?;
     m.add_function(wrap_pyfunction!(write::write_state, m)?)?;
+    m.add_function(wrap_pyfunction!(parquet_write::write_parquet, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
