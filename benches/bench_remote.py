@@ -112,7 +112,7 @@ def queries(
     for the plain script)."""
     fetched: dict[str, tuple[int, int]] = {}
 
-    def run(name: str, query: Callable[[kvfast.Dump], object]) -> Callable[[], object]:
+    def run(name: str, query: Callable[[kvfast.State], object]) -> Callable[[], object]:
         def once() -> object:
             d = kvfast.open(url, head_dim=HEAD_DIM)
             out = query(d)
@@ -121,7 +121,7 @@ def queries(
 
         return once
 
-    def one(d: kvfast.Dump) -> object:
+    def one(d: kvfast.State) -> object:
         out = d.stats(by="channel", layers=[LAYER])
         assert out.equals(want)
         return out

@@ -40,7 +40,7 @@ def sylvester(n: int) -> np.ndarray:
     return h / np.float32(np.sqrt(n))
 
 
-def numpy_undo(mm: mmap.mmap, d: kvfast.Dump) -> int:
+def numpy_undo(mm: mmap.mmap, d: kvfast.State) -> int:
     """Decode every q8_0 record with NumPy, then multiply every group by the Hadamard matrix."""
     n = 0
     mats = {64: sylvester(64), 128: sylvester(128)}
@@ -55,7 +55,7 @@ def numpy_undo(mm: mmap.mmap, d: kvfast.Dump) -> int:
     return n
 
 
-def kvfast_all(d: kvfast.Dump) -> int:
+def kvfast_all(d: kvfast.State) -> int:
     n = 0
     for ly in d.caches[0].streams[0].layers:
         for kind in "kv":

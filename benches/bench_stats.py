@@ -40,7 +40,7 @@ N_LAYER, N_EMBD = 28, 1024
 BYS = ("cell", "channel", "head", "layer")
 
 
-def records(d: kvfast.Dump) -> list[tuple[int, int, int]]:
+def records(d: kvfast.State) -> list[tuple[int, int, int]]:
     s = d.caches[0].streams[0]
     out = []
     for ly in s.layers:

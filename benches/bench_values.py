@@ -2,9 +2,9 @@
 
 Writes two states of at least 1 GiB each (f16 and q8_0; `kvfast.synth`), warms the page cache, then
 times (best of --repeat):
-- f16 table building: `Dump.to_arrow()` (zero-copy views of the map) against NumPy reading the same
+- f16 table building: `State.to_arrow()` (zero-copy views of the map) against NumPy reading the same
   rows as float32 (`np.frombuffer(...).astype(np.float32)`), and against a state 8x smaller;
-- q8_0 decoding to float32: `Dump.values(..., dtype="float32")` for every record, against a vectorized
+- q8_0 decoding to float32: `State.values(..., dtype="float32")` for every record, against a vectorized
   NumPy q8_0 dequantizer and against the machine's limit for writing that many output bytes into
   fresh memory (`np.ones` of the output's size).
 Prints a table and writes bench-out/values.json.
@@ -31,7 +31,7 @@ from kvfast import synth
 GiB = 1 << 30
 
 
-def records(d: kvfast.Dump) -> list[tuple[int, str, int, int, int]]:
+def records(d: kvfast.State) -> list[tuple[int, str, int, int, int]]:
     """(layer, kind, offset, nbytes, cells) of every record."""
     s = d.caches[0].streams[0]
     out = []
@@ -71,7 +71,7 @@ def fill(recs: list[tuple[int, str, int, int, int]], values_per_byte: float) -> 
     return n
 
 
-def kvfast_values(d: kvfast.Dump, recs: list[tuple[int, str, int, int, int]]) -> int:
+def kvfast_values(d: kvfast.State, recs: list[tuple[int, str, int, int, int]]) -> int:
     n = 0
     for layer, kind, _, _, _ in recs:
         a = d.values(layer, kind, dtype="float32")

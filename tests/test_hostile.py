@@ -266,7 +266,7 @@ def test_g2_a_good_model_still_reads(tmp_path: Path) -> None:
 
 # -- A1, A2: one rule for selections ----------------------------------------------------------------
 
-BAD_CALLS: list[tuple[str, Callable[[kvfast.Dump], Any]]] = [
+BAD_CALLS: list[tuple[str, Callable[[kvfast.State], Any]]] = [
     ("address cell 1.5", lambda d: d.address(0, 1.5)),  # type: ignore[arg-type]
     ("address layer -1", lambda d: d.address(-1, 0)),
     ("address head -1", lambda d: d.address(0, 0, head=-1)),
@@ -297,7 +297,7 @@ BAD_CALLS: list[tuple[str, Callable[[kvfast.Dump], Any]]] = [
 
 
 @pytest.mark.parametrize(("name", "call"), BAD_CALLS, ids=[n for n, _ in BAD_CALLS])
-def test_a2_nonsense_selections_raise_one_error_type(name: str, call: Callable[[kvfast.Dump], Any]) -> None:
+def test_a2_nonsense_selections_raise_one_error_type(name: str, call: Callable[[kvfast.State], Any]) -> None:
     with kvfast.open(SEQ, head_dim=32) as d, pytest.raises(kvfast.SelectionError) as e:
         call(d)
     assert isinstance(e.value, ValueError) and isinstance(e.value, kvfast.KvfastError)

@@ -86,7 +86,7 @@ def rust_graph(crate: Path) -> dict[str, set[str]]:
 
 def test_the_graphs_are_read() -> None:
     py = python_graph()
-    assert "dump" in py["dataset"] and "_kvfast" not in py["structure"]
+    assert "state" in py["dataset"] and "_kvfast" not in py["structure"]
     core = rust_graph(ROOT / "rust" / "kvfast-core")
     assert {"cursor", "layout"} <= core["cache"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -140,7 +140,7 @@ def _model(path: Path) -> Path:
     return MODELS / probe(path.parent)["model"]
 
 
-def _open(path: Path, model: bool = True) -> kvfast.Dump:
+def _open(path: Path, model: bool = True) -> kvfast.State:
     # the stored numbers: no quantized cache of these fixtures is rotated (see test_mla_q8_0_...)
     return kvfast.open(path, model=_model(path) if model else None, rotation="none")
 
@@ -360,7 +360,7 @@ def test_export_writes_the_recurrent_part_beside_the_value_table(tmp_path: Path)
     assert sorted(set(zip(df["cache"], df["kind"], strict=True))) == [(0, "k"), (0, "v"), (1, "r"), (1, "s")]
 
 
-def _from(f: Path, d: kvfast.Dump) -> bool:
+def _from(f: Path, d: kvfast.State) -> bool:
     """Whether an export's file holds `d`'s rows."""
     return bool(pl.read_parquet(f, columns=["path"])["path"][0] == str(Path(d.path).resolve()))
 

@@ -180,7 +180,7 @@ def test_mixed_types_decode_to_float32(cluster: str) -> None:
     assert_frame_equal(got.sort(KEY), want.sort(KEY))
 
 
-def _states(paths: list[str]) -> list[tuple[str, kvfast.Dump]]:
+def _states(paths: list[str]) -> list[tuple[str, kvfast.State]]:
     return [(p, kvfast.open(p, head_dim=32)) for p in paths]
 
 

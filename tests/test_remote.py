@@ -64,7 +64,7 @@ def url(rel: str) -> str:
     return f"s3://{BUCKET}/{rel}"
 
 
-def _dumps(rel: str, opts: dict[str, Any]) -> tuple[kvfast.Dump, kvfast.Dump]:
+def _dumps(rel: str, opts: dict[str, Any]) -> tuple[kvfast.State, kvfast.State]:
     return kvfast.open(url(rel), **opts), kvfast.open(DATA / rel, **opts)
 
 

@@ -52,7 +52,7 @@ def undo(stored: np.ndarray, n: int) -> np.ndarray:
     return (stored.astype(np.float64).reshape(-1, n) @ sylvester(n)).reshape(stored.shape)
 
 
-def dequantized(path: Path, d: kvfast.Dump, cache: int, layer: int, kind: str) -> np.ndarray:
+def dequantized(path: Path, d: kvfast.State, cache: int, layer: int, kind: str) -> np.ndarray:
     """A record's bytes, read from the file at kvfast's offsets, decoded by gguf (ggml's decoder)."""
     s = next(x for x in d.caches[cache].streams if x.cell_count)
     assert not s.v_trans  # flash attention: V stored per cell
@@ -71,18 +71,18 @@ def row_rel(a: np.ndarray, ref: np.ndarray) -> float:
     return float((np.linalg.norm(a64 - r64, axis=1) / np.linalg.norm(r64, axis=1)).max())
 
 
-def records(d: kvfast.Dump) -> list[tuple[int, int, str]]:
+def records(d: kvfast.State) -> list[tuple[int, int, str]]:
     return [(c.index, layer, kind) for c in d.caches for layer in range(c.n_layer) for kind in "kv"]
 
 
-def open_quiet(path: Path, **kw: Any) -> kvfast.Dump:
+def open_quiet(path: Path, **kw: Any) -> kvfast.State:
     """kvfast.open, failing the test on any RotationWarning (every decision here must be certain)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", RotationWarning)
         return kvfast.open(path, **kw)
 
 
-def open_defaults(path: Path, **kw: Any) -> kvfast.Dump:
+def open_defaults(path: Path, **kw: Any) -> kvfast.State:
     """kvfast.open of a Gemma slot with no model: K's group (256) is chosen by the values, a guess
     kvfast must flag with a RotationWarning; everything else must be certain."""
     with pytest.warns(RotationWarning, match="a guess"):
@@ -277,7 +277,7 @@ def test_server_compare_stored_is_far(n: int) -> None:
     assert df["cosine_mean"].abs().max() < 0.3
 
 
-def _top_channels(d: kvfast.Dump, n: int = 4) -> dict[tuple[int, int], list[int]]:
+def _top_channels(d: kvfast.State, n: int = 4) -> dict[tuple[int, int], list[int]]:
     s = d.stats(by="channel", kinds="k")
     return {
         (c, layer): g.sort("absmax", descending=True)["channel"].head(n).to_list()

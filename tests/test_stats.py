@@ -19,7 +19,7 @@ FIXTURES = [
 ]
 
 
-def rows64(d: kvfast.Dump, cache: int, layer: int, kind: str) -> np.ndarray:
+def rows64(d: kvfast.State, cache: int, layer: int, kind: str) -> np.ndarray:
     return d.values(layer, kind, cache=cache, dtype="float32").astype(np.float64)
 
 

@@ -17,7 +17,7 @@ from kvfast import synth
 QUANTS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
 
 
-def expected_rows(path: Path, d: kvfast.Dump, cache: int, layer: int, kind: str) -> np.ndarray:
+def expected_rows(path: Path, d: kvfast.State, cache: int, layer: int, kind: str) -> np.ndarray:
     raw = path.read_bytes()
     s = next(x for x in d.caches[cache].streams if x.cell_count)
     ly = s.layers[layer]
@@ -174,7 +174,7 @@ def test_arrow_capsule_consumers() -> None:
         assert d.to_arrow().equals(t)
 
 
-def _inside(addr: int, d: kvfast.Dump) -> bool:
+def _inside(addr: int, d: kvfast.State) -> bool:
     base = d._live().map_address
     return base <= addr < base + d.size
 

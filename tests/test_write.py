@@ -24,7 +24,7 @@ QWEN3 = DATA / "models/tiny-qwen3.gguf"
 HD128 = DATA / "models/tiny-qwen3-hd128.gguf"
 
 
-def open_state(path: Path, **kw: object) -> kvfast.Dump:
+def open_state(path: Path, **kw: object) -> kvfast.State:
     """Open a fixture as its tests do: with its model when probe.json names one the reader needs
     (V-less, recurrent and hybrid memories)."""
     pj = path.parent / "probe.json"

@@ -42,7 +42,7 @@ def saved(r: Replay, out: Path, tokens: list[int]) -> dict[str, Path]:
     return files
 
 
-def opened(path: Path, model: Path) -> kvfast.Dump:
+def opened(path: Path, model: Path) -> kvfast.State:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return kvfast.open(path, model=model)

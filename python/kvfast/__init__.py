@@ -12,7 +12,6 @@ from kvfast.analysis import MatchError, compare
 from kvfast.compare_modes import TokenMismatchWarning
 from kvfast.compare_scan import compare_scan
 from kvfast.dataset import dump_id, manifest, scan, scan_stats
-from kvfast.dump import Dump, open
 from kvfast.errors import (
     AmbiguousError,
     ClosedError,
@@ -32,9 +31,13 @@ from kvfast.floats import upcast
 from kvfast.model import ModelGeometry
 from kvfast.pre_rope import PreRopeError
 from kvfast.rotation import Rotation, RotationError, RotationWarning
+from kvfast.state import State, open
 from kvfast.structure import Cache, Layer, Stream
 from kvfast.write import write
 from kvfast.write_cells import WriteError
+
+#: The former name of :class:`State` (kvfast < 0.2), kept so code written against it runs.
+Dump = State
 
 
 def sample_path() -> str:
@@ -62,6 +65,7 @@ __all__ = [
     "RotationError",
     "RotationWarning",
     "SelectionError",
+    "State",
     "Stream",
     "TokenMismatchWarning",
     "TruncatedError",

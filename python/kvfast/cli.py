@@ -15,10 +15,10 @@ import polars as pl
 import kvfast
 from kvfast import cli_views, cli_write, ggml, memory
 from kvfast.cli_args import BROKEN_PIPE, USAGE, non_negative_int
-from kvfast.dump import Dump
+from kvfast.state import State
 
 
-def _describe(dump: Dump) -> dict[str, Any]:
+def _describe(dump: State) -> dict[str, Any]:
     caches = []
     for c in dump.caches:
         streams = []

@@ -30,7 +30,7 @@ def geometry_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def open_state(path: str, args: argparse.Namespace) -> kvfast.Dump:
+def open_state(path: str, args: argparse.Namespace) -> kvfast.State:
     """Open a state with the geometry the command line gave."""
     return kvfast.open(
         path,

@@ -10,11 +10,11 @@ from kvfast import ggml, prune
 from kvfast.cli_args import non_negative_int
 
 
-def _open(args: argparse.Namespace) -> kvfast.Dump:
+def _open(args: argparse.Namespace) -> kvfast.State:
     return kvfast.open(args.path, model=args.model, head_dim=args.head_dim)
 
 
-def _report(args: argparse.Namespace, d: kvfast.Dump, n: int) -> None:
+def _report(args: argparse.Namespace, d: kvfast.State, n: int) -> None:
     with kvfast.open(args.output, model=args.model, head_dim=args.head_dim) as e:
         before = sum(s.cell_count for c in d.caches for s in c.streams)
         after = sum(s.cell_count for c in e.caches for s in c.streams)

@@ -18,10 +18,10 @@ from kvfast import remote
 from kvfast.analysis import MatchError, compare
 from kvfast.compare_modes import Match
 from kvfast.dataset import Paths, _batches, _geometry, _register, dump_id, expand
-from kvfast.dump import Dump, open
 from kvfast.model import ModelGeometry
 from kvfast.rotation import Mode
 from kvfast.schema import INDEX
+from kvfast.state import State, open
 
 _KEYS: dict[str, pl.DataType] = {
     k: INDEX[k] for k in ("dump", "path", "cache", "layer", "model_layer", "kind")
@@ -41,7 +41,7 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
 
 
 def compare_scan(
-    reference: str | os.PathLike[str] | Dump,
+    reference: str | os.PathLike[str] | State,
     paths: Paths,
     by: Literal["cell", "layer"] = "layer",
     match: Match = "sequence",
@@ -64,10 +64,10 @@ def compare_scan(
         raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
     given = model if pre_rope else _geometry(model)  # keys before RoPE need the GGUF itself
 
-    def opened(p: str | os.PathLike[str]) -> Dump:
+    def opened(p: str | os.PathLike[str]) -> State:
         return open(p, head_dim=head_dim, model=given, rotation=rotation, pre_rope=pre_rope)
 
-    ref = reference if isinstance(reference, Dump) else opened(reference)
+    ref = reference if isinstance(reference, State) else opened(reference)
     files = expand(paths)
     states = [opened(p) for p in files]
     schema = SCHEMAS[by]

@@ -24,9 +24,9 @@ from typing import Any
 import polars as pl
 
 from kvfast import remote, schema
-from kvfast.dump import Dump, open
 from kvfast.model import ModelGeometry
 from kvfast.rotation import Mode
+from kvfast.state import State, open
 
 STATE_SUFFIXES = (".bin", ".ggsq", ".ggsn", ".state", ".session", ".slot")
 RECORD_COLS = frozenset({"dump", "path", "cache", "layer", "model_layer", "kind"})
@@ -75,7 +75,7 @@ def dump_id(path: str | os.PathLike[str]) -> str:
     return f"{stem}-{hashlib.sha1(real.encode()).hexdigest()[:10]}"
 
 
-def _names(d: Dump) -> dict[str, str]:
+def _names(d: State) -> dict[str, str]:
     """The dump and path columns of a state: its stable id and its real path."""
     return {"dump": dump_id(d.path), "path": remote.real(d.path)}
 
@@ -86,7 +86,7 @@ def _geometry(model: str | os.PathLike[str] | ModelGeometry | None) -> ModelGeom
     return ModelGeometry.from_gguf(model)
 
 
-def records(d: Dump, kinds: Sequence[str] = ("k", "v")) -> pl.DataFrame:
+def records(d: State, kinds: Sequence[str] = ("k", "v")) -> pl.DataFrame:
     """The state's records of ``kinds`` as kvfast-core lists them, one row per (cache, layer, kind)
     with every stream's bytes summed: the record columns (dump, path, cache, layer, model_layer,
     kind), then ``type``, ``n_embd`` (values per cell) and ``nbytes``."""
@@ -97,18 +97,18 @@ def records(d: Dump, kinds: Sequence[str] = ("k", "v")) -> pl.DataFrame:
     return recs.select(*names, *cols, "type", "n_embd", "nbytes")
 
 
-def _records(d: Dump) -> pl.DataFrame:
+def _records(d: State) -> pl.DataFrame:
     """One row per (cache, layer, kind) of the attention caches (K and V)."""
     return records(d)
 
 
-def _record_bytes(d: Dump, cache: int, layer: int, kind: str) -> int:
+def _record_bytes(d: State, cache: int, layer: int, kind: str) -> int:
     """Row bytes of one record over every stream (0: the state has no such record)."""
     recs = records(d, (kind,)).filter((pl.col("cache") == cache) & (pl.col("layer") == layer))
     return int(recs["nbytes"].sum())
 
 
-def _frame(d: Dump, cache: int, layer: int, kind: str, dtype: str | None, values: bool) -> pl.DataFrame:
+def _frame(d: State, cache: int, layer: int, kind: str, dtype: str | None, values: bool) -> pl.DataFrame:
     stream = d._live().table(
         caches=[cache],
         layers=[layer],
@@ -146,7 +146,7 @@ def _open_all(
     model: ModelGeometry | None,
     rotation: Mode = "auto",
     pre_rope_model: str | os.PathLike[str] | ModelGeometry | None = None,
-) -> list[tuple[str, Dump]]:
+) -> list[tuple[str, State]]:
     """Open every state; with ``pre_rope_model`` (the GGUF given as model) keys before RoPE."""
     out = []
     for p in paths:
@@ -158,7 +158,7 @@ def _open_all(
     return out
 
 
-def _values_schema(dumps: list[Dump]) -> tuple[pl.DataType, str | None]:
+def _values_schema(dumps: list[State]) -> tuple[pl.DataType, str | None]:
     """The values column's type over every dump: Float16 when every record is f16 (and read as
     stored: keys before RoPE are f32), else Float32; each state's part is the core's table plan."""
     plans = [p for p in (d._live().value_plan() for d in dumps) if p is not None]
@@ -231,7 +231,7 @@ def _pushdown(predicate: pl.Expr | None) -> tuple[set[str], bool]:
     return roots, predicate is not None and roots <= RECORD_COLS
 
 
-def _chosen_records(d: Dump, predicate: pl.Expr | None, record_level: bool) -> pl.DataFrame:
+def _chosen_records(d: State, predicate: pl.Expr | None, record_level: bool) -> pl.DataFrame:
     """The dump's records, filtered by a record-level predicate."""
     recs = _records(d)
     if record_level and predicate is not None:
@@ -282,9 +282,9 @@ STATS_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
 
 
 def stats_frame(
-    d: Dump, by: str, layers: list[int] | None = None, kinds: list[str] | None = None
+    d: State, by: str, layers: list[int] | None = None, kinds: list[str] | None = None
 ) -> pl.DataFrame:
-    """`Dump.stats` with leading ``dump`` and ``path`` columns, in the schema `scan_stats` declares."""
+    """`State.stats` with leading ``dump`` and ``path`` columns, in the schema `scan_stats` declares."""
     df = d.stats(by=by, layers=layers, kinds=kinds)  # type: ignore[arg-type]
     schema = STATS_SCHEMAS[by]
     names = _names(d)
@@ -302,7 +302,7 @@ def scan_stats(
     pre_rope: bool = False,
     storage_options: remote.StorageOptions = None,
 ) -> pl.LazyFrame:
-    """`Dump.stats(by=...)` of every state as one lazy frame, with ``dump`` and ``path`` columns. A
+    """`State.stats(by=...)` of every state as one lazy frame, with ``dump`` and ``path`` columns. A
     predicate on dump / path / cache / layer / model_layer / kind decides which records are read."""
     if by not in STATS_SCHEMAS:
         raise ValueError(f"by must be one of {sorted(STATS_SCHEMAS)}, not {by!r}")

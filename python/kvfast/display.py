@@ -1,4 +1,4 @@
-"""How a state shows itself in a notebook: ``Dump._repr_html_`` (a short summary, never the rows)."""
+"""How a state shows itself in a notebook: ``State._repr_html_`` (a short summary, never the rows)."""
 
 from __future__ import annotations
 
@@ -46,10 +46,10 @@ def _stream_text(s: Stream) -> str:
 def dump_html(d: OpenState) -> str:
     """An HTML summary of an open state: container, size, caches, streams, layer types, rotation."""
     if d.closed:
-        return f"<b>kvfast.Dump</b> {html.escape(d.path)} (closed)"
+        return f"<b>kvfast.State</b> {html.escape(d.path)} (closed)"
     version = "" if d.version is None else f" v{d.version}"
     head = [
-        f"<b>kvfast.Dump</b> <code>{html.escape(d.path)}</code>",
+        f"<b>kvfast.State</b> <code>{html.escape(d.path)}</code>",
         html.escape(
             f"{d.container}{version}"
             + ("" if d.arch is None else f", arch {d.arch}")

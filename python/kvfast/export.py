@@ -46,7 +46,7 @@ from kvfast.dataset import (
     expand,
     stats_frame,
 )
-from kvfast.dump import Dump, open
+from kvfast.state import State, open
 from kvfast.errors import KvfastError
 from kvfast.export_commit import MARKER, Commit
 from kvfast.export_progress import Progress
@@ -177,7 +177,7 @@ def _write(frames: Iterator[pl.DataFrame], dest: Path) -> tuple[int, str | None]
     return rows, values
 
 
-def _partitions(opts: _Options, d: Dump) -> list[tuple[dict[str, Any], pl.DataFrame]]:
+def _partitions(opts: _Options, d: State) -> list[tuple[dict[str, Any], pl.DataFrame]]:
     """The record groups of one state, keyed by partition values (``cache``/``layer``/``kind``);
     statistics of the recurrent part too (its values have files of their own: export_recurrent)."""
     recs = _records(d)
@@ -198,7 +198,7 @@ def _all_f16(recs: pl.DataFrame) -> bool:
 
 
 def _part_frames(
-    opts: _Options, d: Dump, part: dict[str, Any], recs: pl.DataFrame, advance: Callable[[int], None]
+    opts: _Options, d: State, part: dict[str, Any], recs: pl.DataFrame, advance: Callable[[int], None]
 ) -> Iterator[pl.DataFrame]:
     """The frames of one partition of one state, a record (or one statistics pass) at a time, with
     every column (the partition keys too: readers need not parse folder names)."""

@@ -15,18 +15,18 @@ import polars as pl
 
 from kvfast import dataset
 from kvfast.dataset import _frame
-from kvfast.dump import Dump
+from kvfast.state import State
 
 #: The folder of a state's recurrent values in an export.
 FOLDER = "recurrent"
 
 
-def records(d: Dump) -> pl.DataFrame:
+def records(d: State) -> pl.DataFrame:
     """One row per (cache, layer, kind) of the recurrent part, as ``dataset.records`` gives K and V."""
     return dataset.records(d, ("r", "s"))
 
 
-def _frames(d: Dump, kind: str, dtype: str | None, advance: Callable[[int], None]) -> Iterator[pl.DataFrame]:
+def _frames(d: State, kind: str, dtype: str | None, advance: Callable[[int], None]) -> Iterator[pl.DataFrame]:
     recs = dataset.records(d, (kind,))
     for cache, layer, n_embd, nbytes in recs.select("cache", "layer", "n_embd", "nbytes").iter_rows():
         if n_embd == 0:
@@ -36,7 +36,7 @@ def _frames(d: Dump, kind: str, dtype: str | None, advance: Callable[[int], None
 
 
 def write_values(
-    d: Dump,
+    d: State,
     staged: Path,
     dtype: str | None,
     advance: Callable[[int], None],

@@ -12,11 +12,11 @@ import warnings
 from pathlib import Path
 
 from kvfast.dataset import _values_schema, dump_id
-from kvfast.dump import Dump, open
 from kvfast.errors import KvfastError
 from kvfast.export_commit import MARKER
 from kvfast.model import ModelGeometry
 from kvfast.rotation import Mode
+from kvfast.state import State, open
 
 
 def _types_in(out: Path, skip: set[str]) -> set[str]:
@@ -60,7 +60,7 @@ def one_type(
     return dtype
 
 
-def _try_open(path: str, head_dim: int | None, model: ModelGeometry | None, rotation: Mode) -> Dump | None:
+def _try_open(path: str, head_dim: int | None, model: ModelGeometry | None, rotation: Mode) -> State | None:
     """The dump, or None when it fails to open (the export reports it)."""
     try:
         return open(path, head_dim=head_dim, model=model, rotation=rotation)

@@ -8,13 +8,13 @@ import numpy as np
 
 from kvfast import select
 from kvfast.address import _FLOAT, _QUANT, file_offset, record_ref, tensor_offset, value_byte
-from kvfast.dump import Dump
+from kvfast.state import State
 
 BLOCK_VALUES = 32
 
 
 def rows(
-    d: Dump, layer: int, kind: str = "k", cells: int = 3, head: int | None = None, cache: int = 0
+    d: State, layer: int, kind: str = "k", cells: int = 3, head: int | None = None, cache: int = 0
 ) -> list[dict[str, Any]]:
     """The first `cells` rows of a record (or one head of them): file offset, bytes, values."""
     rec = record_ref(d.caches, cache, layer, kind)
@@ -114,7 +114,7 @@ def format_rows(rows_: list[dict[str, Any]], per_line: int = 16) -> str:
 
 
 def address(
-    d: Dump,
+    d: State,
     layer: int,
     cell: int,
     head: int,

@@ -1,8 +1,8 @@
-"""What the modules beneath :class:`kvfast.Dump` read of an open state.
+"""What the modules beneath :class:`kvfast.State` read of an open state.
 
 ``dump.py`` imports the modules that compute over a state (statistics and comparisons, token text, the
-notebook summary); they take the state as an :class:`OpenState`, which ``Dump`` is, instead of
-importing ``Dump`` back: no import circle, and mypy checks at every call that ``Dump`` still fits.
+notebook summary); they take the state as an :class:`OpenState`, which ``State`` is, instead of
+importing ``State`` back: no import circle, and mypy checks at every call that ``State`` still fits.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class OpenState(Protocol):
-    """An open state, as :class:`kvfast.Dump` presents it."""
+    """An open state, as :class:`kvfast.State` presents it."""
 
     @property
     def path(self) -> str: ...

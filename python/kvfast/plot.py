@@ -16,8 +16,8 @@ import polars as pl
 
 from kvfast.address import record_ref
 from kvfast.analysis import compare
-from kvfast.dump import Dump
 from kvfast.plot_scale import colour_scale, select_cells
+from kvfast.state import State
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -33,7 +33,7 @@ def _figure(**kw: Any) -> Figure:
     return Figure(**kw)
 
 
-def per_token(d: Dump) -> list[str]:
+def per_token(d: State) -> list[str]:
     """Bytes per token per layer, per cache, for K and V."""
     lines = []
     for c in d.caches:
@@ -56,7 +56,7 @@ def _shade(color: str, layer: int | None) -> Any:
     return tuple(rgb + (1 - rgb) * 0.35) if layer is not None and layer % 2 else tuple(rgb)
 
 
-def layout(d: Dump) -> Figure:
+def layout(d: State) -> Figure:
     """The file as a strip of regions to scale, colored by kind (metadata, K rows, V rows, logits),
     consecutive layers in alternating shades; the per-token arithmetic in a panel above it."""
     lay = d.layout()
@@ -104,7 +104,7 @@ def layout(d: Dump) -> Figure:
     return fig
 
 
-def _record_title(d: Dump, cache: int, layer: int, kind: str) -> str:
+def _record_title(d: State, cache: int, layer: int, kind: str) -> str:
     """``layer 3 (model layer 11) K`` (the cache too when the state has several)."""
     rec = record_ref(d.caches, cache, layer, kind)
     ml = rec.layer.model_layer
@@ -114,7 +114,7 @@ def _record_title(d: Dump, cache: int, layer: int, kind: str) -> str:
 
 
 def heatmap(
-    d: Dump,
+    d: State,
     layer: int,
     kind: str = "k",
     cache: int = 0,
@@ -164,7 +164,7 @@ def heatmap(
     return fig
 
 
-def _token_ticks(ax: Any, d: Dump, cache: int, start: int, stop: int, most: int = 40) -> None:
+def _token_ticks(ax: Any, d: State, cache: int, start: int, stop: int, most: int = 40) -> None:
     """Label the cell axis with each cell's token piece where known (at most `most` labels)."""
     rec = d.caches[cache].streams
     stream = next((s.index for s in rec if s.cell_count), 0)
@@ -179,12 +179,12 @@ def _token_ticks(ax: Any, d: Dump, cache: int, start: int, stop: int, most: int 
     ax.set_yticklabels([f"{c} {pieces[c]!r}" if pieces[c] is not None else str(c) for c in cells], fontsize=6)
 
 
-def stats(d: Dump, outlier: float = 4.0, skip_first: int = 0) -> Figure:
+def stats(d: State, outlier: float = 4.0, skip_first: int = 0) -> Figure:
     """Per-layer mean L2 norm of (cell, head) rows, and count of outlier channels (absmax over the
     head's median channel absmax above `outlier`), for K and V. Both panels share one x axis: the
     model's layer where every layer's is known (with ``model=``, or a one-cache state), else the
     layer within its cache. ``skip_first=N`` leaves out positions < N (attention sinks), as in
-    :meth:`Dump.stats`."""
+    :meth:`State.stats`."""
     from matplotlib.ticker import MaxNLocator
 
     lay = d.stats(by="layer", skip_first=skip_first)
@@ -225,7 +225,7 @@ def stats(d: Dump, outlier: float = 4.0, skip_first: int = 0) -> Figure:
     return fig
 
 
-def diff(a: Dump, b: Dump, *, scale: str = "linear") -> Figure:
+def diff(a: State, b: State, *, scale: str = "linear") -> Figure:
     """Relative error (||b - a|| / ||a||, mean over cells) per layer and head, for K and V; rows are
     the model's layers where every layer's is known, else cache:layer. ``scale="log"`` for errors
     that span decades (q8_0 next to q4_0 layers)."""

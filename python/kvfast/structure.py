@@ -139,7 +139,7 @@ class Recurrent:
     model (Mamba, RWKV), the end of a hybrid one's (Qwen3.5, LFM2, Granite 4, ...), after its
     attention caches. One cell per sequence (not per token), at the sequence's last position; R and
     S records of the layers that have them. ``index`` is its place among the caches: tables,
-    :meth:`kvfast.Dump.layout` and ``values(cache=)`` number it after the attention caches.
+    :meth:`kvfast.State.layout` and ``values(cache=)`` number it after the attention caches.
     ``n_layer`` is the model's layer count the part records (attention layers included)."""
 
     index: int

@@ -80,7 +80,7 @@ def vocabulary(path: str | os.PathLike[str]) -> list[str] | None:
 
 def cell_tokens(dump: OpenState) -> pl.DataFrame:
     """One row per cell of every stream: cache, stream, cell, pos, token and piece (null where not
-    known). Join it to :meth:`Dump.to_polars` or ``stats(by="cell")`` on (cache, stream, cell)."""
+    known). Join it to :meth:`State.to_polars` or ``stats(by="cell")`` on (cache, stream, cell)."""
     tokens = dump.tokens
     per_sequence = dump.container in ("seq", "ggsq")
     seqs = {q for c in dump.caches for s in c.streams for q in s.sequences}

@@ -22,7 +22,7 @@ from kvfast.ggml import TYPES
 from kvfast.write_cells import WriteError, keep_mask, kept_positions
 
 if TYPE_CHECKING:
-    from kvfast.dump import Dump
+    from kvfast.state import State
 
 Container = Literal["seq", "ggsq", "ggsn", "state"]
 SEQUENCE = ("seq", "ggsq")
@@ -32,7 +32,7 @@ VERSIONS = {("ggsq", 2), ("ggsq", 3), ("ggsn", 9), ("ggsn", 10)}
 MAX_SEQ = 256
 
 
-def _sequences(d: Dump) -> list[int]:
+def _sequences(d: State) -> list[int]:
     seqs: set[int] = set()
     for c in d.caches:
         for s in c.streams:
@@ -42,14 +42,14 @@ def _sequences(d: Dump) -> list[int]:
     return sorted(seqs)
 
 
-def _own_seq(d: Dump) -> int | None:
+def _own_seq(d: State) -> int | None:
     if d.seq_id is not None:
         return d.seq_id
     seqs = _sequences(d)
     return seqs[0] if len(seqs) == 1 else None
 
 
-def _stored_group(d: Dump, cache: int, kind: str) -> int:
+def _stored_group(d: State, cache: int, kind: str) -> int:
     """The group the rows of ``kind`` of ``cache`` are stored rotated in, as the dump reads them."""
     for r in d.rotation:
         if r.cache == cache and r.kind == kind:
@@ -57,7 +57,7 @@ def _stored_group(d: Dump, cache: int, kind: str) -> int:
     return 0
 
 
-def _target_group(d: Dump, cache: int, kind: str, ty: str, rotate: bool) -> int:
+def _target_group(d: State, cache: int, kind: str, ty: str, rotate: bool) -> int:
     """The group llama.cpp stores ``kind`` rows of type ``ty`` rotated in (0: not rotated)."""
     if not rotate or TYPES[ty].block_len == 1:
         return 0
@@ -82,7 +82,7 @@ def _target_group(d: Dump, cache: int, kind: str, ty: str, rotate: bool) -> int:
 
 
 def _retype(
-    d: Dump, types: dict[str, str | None], rotate: bool, v_trans: bool | None
+    d: State, types: dict[str, str | None], rotate: bool, v_trans: bool | None
 ) -> tuple[list[Any], list[list[int]]]:
     """The retypings of every attention cache, and the group each (cache, kind) ends stored in."""
     out: list[Any] = []
@@ -132,7 +132,7 @@ def _as_rows(arr: Any) -> npt.NDArray[np.float32]:
 
 
 def _values(
-    d: Dump, values: Mapping[tuple[Any, ...], npt.ArrayLike], final: list[list[int]]
+    d: State, values: Mapping[tuple[Any, ...], npt.ArrayLike], final: list[list[int]]
 ) -> list[tuple[int, int, int, str, bytes, int]]:
     out = []
     for key, arr in values.items():
@@ -164,7 +164,7 @@ def _values(
 
 
 def write(
-    source: Dump | Sequence[Dump],
+    source: State | Sequence[State],
     path: str | os.PathLike[str],
     *,
     container: Container | None = None,
@@ -202,7 +202,7 @@ def write(
       f32 / f16 / bf16 only) or a row per cell (``False``: with flash attention); llama.cpp loads a
       state only into a context of the same choice. None: as the source.
     - ``values``: new values for records, ``{(layer, kind) | (cache, layer, kind) | (cache, stream,
-      layer, kind): array [cells, values per row]}`` in the model's basis (as :meth:`Dump.values`):
+      layer, kind): array [cells, values per row]}`` in the model's basis (as :meth:`State.values`):
       a NumPy array, or an Arrow array / Polars Series of one list of values per cell.
     - ``seq_id``: the sequence the written state holds: taken alone from a whole state, or the new
       name of a sequence state's sequence (a list: one per joined source). ``seq_map``: renames.

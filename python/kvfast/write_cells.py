@@ -2,8 +2,8 @@
 the keep mask :func:`kvfast.write` takes, from a boolean per row or a Polars expression over them.
 
 Columns of :func:`cells`: cache, stream, cell, pos, seq_ids (the cell's sequences), token, piece
-(see :meth:`kvfast.Dump.cell_tokens`) and, computed only when an expression names them, the
-cell's statistics of :meth:`kvfast.Dump.stats` (``by="cell"``) averaged over layers and heads, one
+(see :meth:`kvfast.State.cell_tokens`) and, computed only when an expression names them, the
+cell's statistics of :meth:`kvfast.State.stats` (``by="cell"``) averaged over layers and heads, one
 column per kind and statistic: ``k_l2`` (the key norm), ``k_absmax``, ``k_mean``, ``k_std``,
 ``k_min``, ``k_max``, and the same for ``v_``.
 """
@@ -19,7 +19,7 @@ import polars as pl
 from kvfast.errors import KvfastError
 
 if TYPE_CHECKING:
-    from kvfast.dump import Dump
+    from kvfast.state import State
 
 KEYS = ["cache", "stream", "cell"]
 STATS = ["l2", "absmax", "mean", "std", "min", "max"]
@@ -40,7 +40,7 @@ class WriteError(KvfastError, ValueError):
         self.field = field
 
 
-def cells(dump: Dump, stats: Sequence[str] = ()) -> pl.DataFrame:
+def cells(dump: State, stats: Sequence[str] = ()) -> pl.DataFrame:
     """One row per cell of every attention cache, in (cache, stream, cell) order; ``stats`` adds
     statistics columns (names from :data:`STAT_COLUMNS`)."""
     frames = []
@@ -77,7 +77,7 @@ def cells(dump: Dump, stats: Sequence[str] = ()) -> pl.DataFrame:
     return out
 
 
-def keep_mask(dump: Dump, keep: Any, sync: bool) -> list[list[list[bool]]]:
+def keep_mask(dump: State, keep: Any, sync: bool) -> list[list[list[bool]]]:
     """Per cache (the recurrent part, if any, last: ``[]``, every cell kept), per stream, per cell:
     whether the cell is kept. ``sync``: a token (stream, position, sequences) dropped from one
     attention cache is dropped from every cache that holds it (both caches of an iSWA pair)."""
@@ -124,7 +124,7 @@ def keep_mask(dump: Dump, keep: Any, sync: bool) -> list[list[list[bool]]]:
     return out
 
 
-def kept_positions(dump: Dump, mask: list[list[list[bool]]]) -> tuple[set[int], set[int]]:
+def kept_positions(dump: State, mask: list[list[list[bool]]]) -> tuple[set[int], set[int]]:
     """Positions of the first attention cache's cells: (those with a cell kept, those with none)."""
     had: set[int] = set()
     kept: set[int] = set()

@@ -13,7 +13,7 @@ import numpy as np
 from kvfast.write_cells import WriteError
 
 if TYPE_CHECKING:
-    from kvfast.dump import Dump
+    from kvfast.state import State
 
 
 def blob(tokens: Sequence[int], media: Sequence[tuple[int, bytes]] = ()) -> list[int]:
@@ -28,7 +28,7 @@ def blob(tokens: Sequence[int], media: Sequence[tuple[int, bytes]] = ()) -> list
     return [int(w) for w in np.frombuffer(bytes(b), dtype="<i4")]
 
 
-def media_of(dump: Dump) -> list[tuple[int, bytes]]:
+def media_of(dump: State) -> list[tuple[int, bytes]]:
     """The media chunks of the source's packed blob: (first token index, bytes)."""
     st = dump.server_tokens
     if st is None or not st["media"]:
@@ -41,7 +41,7 @@ def media_of(dump: Dump) -> list[tuple[int, bytes]]:
     return out
 
 
-def pruned(dump: Dump, dropped_pos: set[int]) -> list[int] | None:
+def pruned(dump: State, dropped_pos: set[int]) -> list[int] | None:
     """The source's token words with the tokens at `dropped_pos` removed (token i sits at position
     i); None when nothing changes. A blob with media keeps its media only when no token is dropped."""
     toks = dump.tokens
@@ -62,7 +62,7 @@ def pruned(dump: Dump, dropped_pos: set[int]) -> list[int] | None:
     return blob(kept)
 
 
-def given(dump: Dump, tokens: Sequence[int]) -> list[int]:
+def given(dump: State, tokens: Sequence[int]) -> list[int]:
     """The words of ``tokens=``: packed as the source's were (a llama-server slot file), else plain."""
     ts = [int(t) for t in tokens]
     return blob(ts) if dump.server_tokens is not None else ts

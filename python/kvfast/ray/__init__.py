@@ -22,17 +22,17 @@ import ray
 import ray.data
 
 from kvfast import dataset
-from kvfast.dump import Dump
 from kvfast.model import ModelGeometry
 from kvfast.ray import plan
 from kvfast.ray.exporting import export
 from kvfast.ray.source import StatesSource, Work
 from kvfast.rotation import Mode
+from kvfast.state import State
 
 __all__ = ["export", "read_states", "stats", "to_polars"]
 
 
-def _open(paths: dataset.Paths, how: plan.Opening) -> list[tuple[str, Dump]]:
+def _open(paths: dataset.Paths, how: plan.Opening) -> list[tuple[str, State]]:
     return [(p, how.open(p)) for p in map(plan.where, dataset.expand(paths))]
 
 
@@ -104,7 +104,7 @@ def stats(
     task_bytes: int = plan.TASK_BYTES,
     **read_args: Any,
 ) -> ray.data.Dataset:
-    """:func:`kvfast.scan_stats`'s rows (``Dump.stats(by=...)`` of every state, with ``dump`` and
+    """:func:`kvfast.scan_stats`'s rows (``State.stats(by=...)`` of every state, with ``dump`` and
     ``path``) as a Ray Dataset, computed on the workers by tasks of (state, group of layers);
     ``to_polars(stats(...))`` is ``scan_stats(...).collect()`` up to row order. ``filter`` and the
     keyword selections as in :func:`read_states` (``head`` and ``seq_id`` only where ``by`` has
@@ -142,7 +142,7 @@ def _read(source: StatesSource, planned: plan.Plan, read_args: dict[str, Any]) -
     return ds
 
 
-def _close(states: list[tuple[str, Dump]]) -> None:
+def _close(states: list[tuple[str, State]]) -> None:
     for _, d in states:
         d.close()
 

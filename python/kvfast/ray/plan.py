@@ -20,10 +20,10 @@ from typing import Any
 import polars as pl
 
 from kvfast import dataset
-from kvfast.dump import Dump
 from kvfast.errors import SelectionError
 from kvfast.model import ModelGeometry
 from kvfast.rotation import Mode
+from kvfast.state import State
 
 #: The keyword selections: the columns ``scan`` pushes down.
 SELECTIONS = ("dump", "cache", "layer", "model_layer", "kind", "head", "seq_id")
@@ -52,7 +52,7 @@ class Opening:
     #: The GGUF keys before RoPE are read with (None: keys as stored).
     pre_rope_model: str | None
 
-    def open(self, path: str) -> Dump:
+    def open(self, path: str) -> State:
         return dataset._open_all([path], self.head_dim, self.model, self.rotation, self.pre_rope_model)[0][1]
 
 
@@ -141,7 +141,7 @@ class Task:
 _RECORD_KEYS = ("dump", "path", "cache", "layer", "model_layer", "kind")
 
 
-def _record_table(at: str, d: Dump) -> pl.DataFrame:
+def _record_table(at: str, d: State) -> pl.DataFrame:
     """The state's records (K and V) with their value bytes, and ``_at``, the path its tasks open."""
     recs = dataset._records(d)
     if "nbytes" not in recs.columns:
@@ -182,7 +182,7 @@ class Plan:
     def tasks(self, parallelism: int) -> list[Task]:
         """Tasks of about equal bytes (the selected bytes over `parallelism`, at least
         `task_bytes`), never across states: groups of records, or for statistics groups of layers
-        with every selected kind of the state (``Dump.stats`` takes layers x kinds; the task
+        with every selected kind of the state (``State.stats`` takes layers x kinds; the task
         filters its rows by the whole predicate)."""
         total = int(self.records["nbytes"].sum())
         target = max(1, self.task_bytes, total // max(1, parallelism))
@@ -201,7 +201,7 @@ class Plan:
         return out
 
 
-def plan(states: list[tuple[str, Dump]], sel: Selection, stats: bool, task_bytes: int = TASK_BYTES) -> Plan:
+def plan(states: list[tuple[str, State]], sel: Selection, stats: bool, task_bytes: int = TASK_BYTES) -> Plan:
     """The plan of a read of values (``stats`` False) or statistics over `states`."""
     recs = pl.concat([_record_table(at, d) for at, d in states])
     if sel.records is not None:

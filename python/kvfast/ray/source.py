@@ -4,7 +4,7 @@ The driver opens every state once (metadata only) to plan: the values' type and 
 states (as :func:`kvfast.scan` decides them), the records the selection wants, and tasks of about
 equal bytes, none across two states. Each task opens its state where it runs and yields one Arrow
 block per record (values f16 as Arrow ``halffloat`` when every state is f16, as in ``scan``), or
-for statistics one block of ``Dump.stats`` over its layers, computed by the Rust kernels there.
+for statistics one block of ``State.stats`` over its layers, computed by the Rust kernels there.
 Column pruning (``Dataset.select_columns``) is pushed into the tasks: without ``values`` no value
 byte is read; so are Ray's filters (``Dataset.filter(expr=...)``) that Polars can say
 (:mod:`kvfast.ray.ray_expr`), as ``filter=`` is.

@@ -1,4 +1,4 @@
-"""``Dump``: a memory-mapped llama.cpp KV-cache state and what it holds."""
+"""``State``: a memory-mapped llama.cpp KV-cache state and what it holds."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
-class Dump:
+class State:
     """A llama.cpp KV-cache state, memory-mapped; rows are read only when asked for.
 
     Use :func:`kvfast.open`. A context manager: after :meth:`close` every use raises
@@ -176,10 +176,10 @@ class Dump:
 
     def __repr__(self) -> str:
         if getattr(self, "_state", None) is None:
-            return f"<kvfast.Dump {self.path!r} (closed)>"
+            return f"<kvfast.State {self.path!r} (closed)>"
         rec = "" if self._recurrent is None else f" recurrent={len(self._recurrent.layers)}"
         return (
-            f"<kvfast.Dump {self.path!r} {self.container} v{self.version} arch={self.arch} "
+            f"<kvfast.State {self.path!r} {self.container} v{self.version} arch={self.arch} "
             f"caches={len(self._caches)}{rec} size={self.size}>"
         )
 
@@ -553,7 +553,7 @@ def open(
     rotation: Mode = "auto",
     pre_rope: bool = False,
     storage_options: remote.StorageOptions = None,
-) -> Dump:
+) -> State:
     """Map a llama.cpp KV-cache state and walk its layout (metadata only; rows stay on disk).
 
     Reads raw ``llama_state_seq_get_data`` bytes, GGSQ sequence files (llama-server slot saves), GGSN
@@ -569,7 +569,7 @@ def open(
 
     ``rotation`` (``"auto"``, ``"hadamard"`` or ``"none"``): llama.cpp stores quantized caches
     Hadamard-rotated since April 2026; by default kvfast gives values in the model's basis wherever
-    the evidence says they were rotated (see :attr:`Dump.rotation` and :mod:`kvfast.rotation`);
+    the evidence says they were rotated (see :attr:`State.rotation` and :mod:`kvfast.rotation`);
     ``"none"`` gives the values as stored.
 
     ``pre_rope=True`` (with ``model``, a GGUF file) gives keys before RoPE: every pass (values,
@@ -580,10 +580,10 @@ def open(
     ``path`` may be a URL (``s3://bucket/key``, or any protocol fsspec reads): the state is read by
     ranged requests, its metadata at open and then only the rows each pass reads (see
     :mod:`kvfast.remote`; credentials and endpoint from the AWS variables or ``storage_options``);
-    :attr:`Dump.fetched_bytes` counts what was fetched. Errors of the storage are
+    :attr:`State.fetched_bytes` counts what was fetched. Errors of the storage are
     :class:`kvfast.RemoteError`. A ``file://`` URL or a path is memory-mapped.
     """
-    return Dump(
+    return State(
         path,
         head_dim=head_dim,
         model=model,
