@@ -46,7 +46,6 @@ from kvfast.dataset import (
     expand,
     stats_frame,
 )
-from kvfast.state import State, open
 from kvfast.errors import KvfastError
 from kvfast.export_commit import MARKER, Commit
 from kvfast.export_progress import Progress
@@ -54,6 +53,7 @@ from kvfast.export_types import one_type
 from kvfast.model import ModelGeometry
 from kvfast.pre_rope import PreRopeError
 from kvfast.rotation import Mode
+from kvfast.state import State, open
 
 
 class ExportError(KvfastError):
