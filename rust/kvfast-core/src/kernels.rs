@@ -60,8 +60,20 @@ fn to_f32(row: Values<'_>) -> std::borrow::Cow<'_, [f32]> {
     }
 }
 
-/// The statistics of each whole head of `head_dim` values of `row`, in order, to `push`.
-pub fn head_stats(row: Values, head_dim: usize, push: &mut impl FnMut(CellStat)) {
+/// Where `head_stats` puts each head's statistics, in order.
+pub trait Sink {
+    fn push(&mut self, s: CellStat);
+}
+
+impl Sink for Vec<CellStat> {
+    #[inline(always)]
+    fn push(&mut self, s: CellStat) {
+        Vec::push(self, s)
+    }
+}
+
+/// The statistics of each whole head of `head_dim` values of `row`, in order, to `out`.
+pub fn head_stats(row: Values, head_dim: usize, out: &mut impl Sink) {
     if head_dim == 0 {
         return;
     }
@@ -71,14 +83,14 @@ pub fn head_stats(row: Values, head_dim: usize, push: &mut impl FnMut(CellStat))
         // SAFETY: the CPU has AVX2, FMA and F16C; the loads stay below `whole` <= row.len().
         unsafe {
             match row {
-                Values::F16(b) => x86::head_stats(x86::F16Ptr(b.as_ptr()), whole, head_dim, push),
-                Values::F32(v) => x86::head_stats(x86::F32Ptr(v.as_ptr()), whole, head_dim, push),
+                Values::F16(b) => x86::head_stats(x86::F16Ptr(b.as_ptr()), whole, head_dim, out),
+                Values::F32(v) => x86::head_stats(x86::F32Ptr(v.as_ptr()), whole, head_dim, out),
             }
         }
         return;
     }
     for h in to_f32(row)[..whole].chunks_exact(head_dim) {
-        push(crate::stats::one_cell(h));
+        out.push(crate::stats::one_cell(h));
     }
 }
 
@@ -246,6 +258,26 @@ mod x86 {
     pub(super) trait Load: Copy {
         /// Values i..i + 8 as f32.
         unsafe fn load8(self, i: usize) -> __m256;
+
+        /// The offset from `base` of the first of values base..end (end - base a multiple of 8)
+        /// whose magnitude is `target` (never NaN), or None.
+        #[inline(always)]
+        unsafe fn first_abs_equal(self, base: usize, end: usize, target: f32) -> Option<usize> {
+            let sign = _mm256_set1_ps(-0.0);
+            let t = _mm256_set1_ps(target);
+            let mut i = base;
+            while i < end {
+                // SAFETY: the caller keeps end within the row.
+                let v = unsafe { self.load8(i) };
+                let m =
+                    _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, v), t));
+                if m != 0 {
+                    return Some(i - base + m.trailing_zeros() as usize);
+                }
+                i += 8;
+            }
+            None
+        }
     }
 
     #[derive(Clone, Copy)]
@@ -256,6 +288,41 @@ mod x86 {
         unsafe fn load8(self, i: usize) -> __m256 {
             // SAFETY: the caller keeps i + 8 within the row.
             unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.0.add(2 * i) as *const __m128i)) }
+        }
+
+        /// Sixteen values at a time, on the f16 bits: `target` is one of the row's magnitudes (or
+        /// 0), so exactly an f16, and |x| == target is (bits & 0x7fff) == target's bits (a NaN's
+        /// bits equal no number's).
+        #[inline(always)]
+        unsafe fn first_abs_equal(self, base: usize, end: usize, target: f32) -> Option<usize> {
+            let bits = _mm_extract_epi16::<0>(_mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(
+                _mm_set_ss(target),
+            ));
+            // masked too: a target of -0.0 is 0
+            let t = _mm256_set1_epi16((bits & 0x7fff) as i16);
+            let magnitude = _mm256_set1_epi16(0x7fff);
+            let mut i = base;
+            while i + 16 <= end {
+                // SAFETY: the caller keeps end within the row: 32 bytes at 2i.
+                let v = unsafe { _mm256_loadu_si256(self.0.add(2 * i) as *const __m256i) };
+                let m = _mm256_movemask_epi8(_mm256_cmpeq_epi16(_mm256_and_si256(v, magnitude), t));
+                if m != 0 {
+                    return Some(i - base + m.trailing_zeros() as usize / 2);
+                }
+                i += 16;
+            }
+            if i < end {
+                // SAFETY: eight values left: 16 bytes at 2i.
+                let v = unsafe { _mm_loadu_si128(self.0.add(2 * i) as *const __m128i) };
+                let m = _mm_movemask_epi8(_mm_cmpeq_epi16(
+                    _mm_and_si128(v, _mm256_castsi256_si128(magnitude)),
+                    _mm256_castsi256_si128(t),
+                ));
+                if m != 0 {
+                    return Some(i - base + m.trailing_zeros() as usize / 2);
+                }
+            }
+            None
         }
     }
 
@@ -308,9 +375,8 @@ mod x86 {
         row: L,
         len: usize,
         head_dim: usize,
-        push: &mut impl FnMut(CellStat),
+        out: &mut impl super::Sink,
     ) {
-        let sign = _mm256_set1_ps(-0.0);
         let mut base = 0;
         while base < len {
             let end = base + head_dim;
@@ -368,22 +434,10 @@ mod x86 {
             };
             let n = head_dim as f64;
             let absmax = (-min).max(max).max(0.0);
-            let t = _mm256_set1_ps(absmax);
-            let mut argmax = 0;
-            let mut i = base;
-            while i < end {
-                // SAFETY: as above.
-                let v = unsafe { row.load8(i) };
-                let m =
-                    _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, v), t));
-                if m != 0 {
-                    argmax = i - base + m.trailing_zeros() as usize;
-                    break;
-                }
-                i += 8;
-            }
+            // SAFETY: base..end lies within the row.
+            let argmax = unsafe { row.first_abs_equal(base, end, absmax) }.unwrap_or(0);
             let mean = sum / n;
-            push(CellStat {
+            out.push(CellStat {
                 l2: sq.sqrt(),
                 mean,
                 std: ((sq / n - mean * mean).max(0.0)).sqrt(),
@@ -546,7 +600,7 @@ mod tests {
                 (Values::F16(&bytes), &x16),
             ] {
                 let mut got = vec![];
-                head_stats(row, head_dim, &mut |s| got.push(s));
+                head_stats(row, head_dim, &mut got);
                 let whole = row.len() / head_dim;
                 assert_eq!(got.len(), whole);
                 if row.len() != plain.len() {
@@ -565,6 +619,30 @@ mod tests {
                         );
                         assert!((g.std - want.std).abs() <= 1e-9 * want.std.max(1.0));
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn argmax_of_f16_rows_with_zeros_nans_and_ties() {
+        let mut x = vec![0f32; 48];
+        x[5] = -0.0;
+        x[20] = f32::NAN;
+        let mut y = x.clone();
+        y[17] = -3.5;
+        y[40] = 3.5;
+        for x in [&x, &y] {
+            let bytes: Vec<u8> = x
+                .iter()
+                .flat_map(|v| f16::from_f32(*v).to_bits().to_le_bytes())
+                .collect();
+            for hd in [8usize, 24, 48] {
+                let mut got = vec![];
+                head_stats(Values::F16(&bytes), hd, &mut got);
+                for (g, h) in got.iter().zip(x.chunks_exact(hd)) {
+                    assert_eq!(g.argmax, one_cell(h).argmax);
+                    assert_eq!(g.absmax, one_cell(h).absmax);
                 }
             }
         }

@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use crate::kernels::{head_stats, loss_sums, vector_heads, ChannelSums, Values};
+use crate::kernels::{head_stats, loss_sums, vector_heads, ChannelSums, Sink, Values};
 use crate::types::GgmlType;
 use crate::view::RecordView;
 
@@ -87,13 +87,12 @@ pub fn cell_stats(v: &RecordView, cells: &[usize], head_dim: usize) -> CellStats
                 };
                 let direct = direct_f16(v, head_dim);
                 let mut row = vec![0f32; n];
-                let mut push = |s: CellStat| out.push(s);
                 for &c in chunk {
                     match direct.then(|| stored_row(v, c)).flatten() {
-                        Some(bytes) => head_stats(Values::F16(bytes), head_dim, &mut push),
+                        Some(bytes) => head_stats(Values::F16(bytes), head_dim, &mut out),
                         None => {
                             decode_cell(v, c, &mut row);
-                            head_stats(Values::F32(&row), head_dim, &mut push);
+                            head_stats(Values::F32(&row), head_dim, &mut out);
                         }
                     }
                 }
@@ -114,7 +113,7 @@ struct StatsOut<'a> {
     argmax: &'a mut [u32],
 }
 
-impl StatsOut<'_> {
+impl Sink for StatsOut<'_> {
     #[inline(always)]
     fn push(&mut self, s: CellStat) {
         let i = self.at;
