@@ -10,7 +10,7 @@ use kvfast_core::quantize::quantize_row;
 use kvfast_core::stats::{accumulate, cell_stats, compare as compare_records, round_trip_loss};
 use kvfast_core::types::ALL_TYPES;
 use kvfast_core::view::RecordView;
-use kvfast_core::{GgmlType, StateFile, WalkOptions};
+use kvfast_core::{GgmlType, State, WalkOptions};
 
 /// Takes fields off the front of the fuzzer's bytes; zeros once they run out.
 pub struct Input<'a>(pub &'a [u8]);
@@ -47,8 +47,8 @@ impl<'a> Input<'a> {
 }
 
 /// Walk `bytes` as a state file does (a copy it owns).
-pub fn walk(bytes: &[u8]) -> Option<StateFile> {
-    StateFile::from_bytes(bytes.to_vec(), WalkOptions::default()).ok()
+pub fn walk(bytes: &[u8]) -> Option<State> {
+    State::from_bytes(bytes.to_vec(), WalkOptions::default()).ok()
 }
 
 /// One record of a walked state, as the statistics read it.
@@ -60,7 +60,7 @@ pub struct Rec<'a> {
 }
 
 /// Every record of every stream of every cache, K then V per layer.
-pub fn records(sf: &StateFile) -> Vec<Rec<'_>> {
+pub fn records(sf: &State) -> Vec<Rec<'_>> {
     let mut out = vec![];
     for (ci, cache) in sf.layout.caches.iter().enumerate() {
         for s in &cache.streams {
@@ -112,7 +112,7 @@ pub fn open(data: &[u8]) {
             ..WalkOptions::default()
         });
     for opts in memories.chain(exts) {
-        let Ok(sf) = StateFile::from_bytes(data.to_vec(), opts) else {
+        let Ok(sf) = State::from_bytes(data.to_vec(), opts) else {
             continue;
         };
         let l = &sf.layout;

@@ -1,7 +1,7 @@
 //! Walk the states named on the command line and print their layout (a debugging aid).
 fn main() {
     for p in std::env::args().skip(1) {
-        match kvfast_core::StateFile::open(&p, Default::default()) {
+        match kvfast_core::State::open(&p, Default::default()) {
             Ok(s) => {
                 let l = &s.layout;
                 let (rows, outs, meta) = l.byte_totals();

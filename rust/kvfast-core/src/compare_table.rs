@@ -9,7 +9,7 @@ use crate::match_position::{match_positions, PositionIndex};
 use crate::matching::{check_geometry, match_cells, CellIndex, Matched, Mismatch};
 use crate::rope::{rope_of, CellRope, RopeSpec};
 use crate::select::jobs;
-use crate::state::StateFile;
+use crate::state::State;
 use crate::stats::compare as compare_rows;
 use crate::stats_tables::{Pass, TableError};
 
@@ -24,7 +24,7 @@ pub enum Match {
 
 /// State B as the comparison reads it: the state, its rotation groups and RoPE to undo.
 pub struct Other<'a> {
-    pub sf: &'a StateFile,
+    pub sf: &'a State,
     pub rotation: &'a [[usize; 2]],
     pub rope: &'a RopeSpec,
 }

@@ -1,6 +1,6 @@
 //! kvfast-core: read llama.cpp KV-cache state bytes without Python.
 //!
-//! [`StateFile::open`] maps a state and walks its layout (metadata only, no row read);
+//! [`State::open`] maps a state and walks its layout (metadata only, no row read);
 //! [`decode`] turns rows of any cache type into f32.
 
 pub mod alloc;
@@ -44,5 +44,5 @@ pub mod write_edit;
 pub use container::{walk, WalkOptions};
 pub use error::{Error, Result};
 pub use layout::{Cache, Container, Kind, Layer, Layout, Record, Region, Stream};
-pub use state::StateFile;
+pub use state::State;
 pub use types::GgmlType;

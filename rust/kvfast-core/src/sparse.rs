@@ -6,7 +6,7 @@
 //! The invariant: nothing reads a page that was not filled. The walk reads through a
 //! [`crate::cursor::Cursor`] whose probe refuses such reads (a walk that refused one is not a
 //! result, only a list of ranges to fetch); every pass over rows asks
-//! [`crate::StateFile::require`] first, which fails with [`Error::NotFetched`].
+//! [`crate::State::require`] first, which fails with [`Error::NotFetched`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;

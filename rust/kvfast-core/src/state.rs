@@ -126,7 +126,7 @@ pub fn fill_fetched(sparse: &Sparse, ranges: &[(u64, u64)], got: &[&[u8]]) -> Re
 }
 
 /// A walked state: its bytes (shared, so views can outlive the handle) and its layout.
-pub struct StateFile {
+pub struct State {
     pub data: Arc<Data>,
     pub layout: Layout,
     /// The mapped file, watched for changes (None for owned bytes, which cannot change).
@@ -139,12 +139,12 @@ pub struct StateFile {
 /// Fetch byte ranges (offset, length) of a remote object: their bytes, in order.
 pub type Fetch = dyn Fn(&[(u64, u64)]) -> Result<Vec<Vec<u8>>> + Send + Sync;
 
-impl StateFile {
+impl State {
     /// Map `path` and walk it. Costs time in proportion to the metadata, not the rows.
     ///
     /// Only a regular file is opened (a FIFO or a device is refused, never waited on). The map
     /// is shared with the file: another process that truncates or rewrites the file changes
-    /// what the map holds, so [`StateFile::check_unchanged`] is called before each pass.
+    /// what the map holds, so [`State::check_unchanged`] is called before each pass.
     pub fn open(path: impl AsRef<Path>, opts: WalkOptions) -> Result<Self> {
         let path = path.as_ref();
         let (file, meta) = open_regular(path)?;
@@ -188,7 +188,7 @@ impl StateFile {
 
     /// A remote object's sparse copy and the layout its walk found.
     pub fn from_sparse(sparse: Sparse, layout: Layout) -> Self {
-        StateFile {
+        State {
             data: Arc::new(Data::Sparse(sparse)),
             layout,
             source: None,
@@ -197,7 +197,7 @@ impl StateFile {
     }
 
     /// Give a remote state the means to fetch what a pass reads and is not fetched yet
-    /// ([`StateFile::require`] calls it).
+    /// ([`State::require`] calls it).
     pub fn set_fetch(&mut self, fetch: Box<Fetch>) {
         self.fetch = Some(fetch);
     }
@@ -212,7 +212,7 @@ impl StateFile {
 
     /// Make sure every byte of `offset..offset + len` is there before a pass reads it: a mapped
     /// or owned state's always are; a remote state fetches the pages not fetched yet (with
-    /// [`StateFile::set_fetch`]'s fetch) and fails with [`Error::NotFetched`] if they are still
+    /// [`State::set_fetch`]'s fetch) and fails with [`Error::NotFetched`] if they are still
     /// not there (no fetch given, or it gave less). Every pass asks before it reads.
     pub fn require(&self, offset: u64, len: u64, field: impl FnOnce() -> String) -> Result<()> {
         let Some(s) = self.sparse() else {
@@ -237,14 +237,14 @@ impl StateFile {
         })
     }
 
-    /// [`StateFile::require`] for a record's rows.
+    /// [`State::require`] for a record's rows.
     pub fn require_record(&self, rec: &Record) -> Result<()> {
         self.require(rec.data_offset, rec.data_len, || {
             format!("{} rows at byte {}", rec.kind.name(), rec.data_offset)
         })
     }
 
-    /// A job's rows, checked to be there (see [`StateFile::require`]).
+    /// A job's rows, checked to be there (see [`State::require`]).
     pub fn view<'a>(&'a self, job: &Job<'a>) -> Result<RecordView<'a>> {
         self.require_record(job.rec)?;
         Ok(job.view(self.bytes()))
@@ -283,7 +283,7 @@ impl StateFile {
 
     fn from_data(data: Data, opts: WalkOptions) -> Result<Self> {
         let layout = walk(&data, opts)?;
-        Ok(StateFile {
+        Ok(State {
             data: Arc::new(data),
             layout,
             source: None,
@@ -304,7 +304,7 @@ impl StateFile {
     /// it was opened, or its path now names another file. Owned bytes never change.
     ///
     /// A check, not a lock: a file truncated after it still faults (SIGBUS) on the pages past
-    /// its new end; only [`StateFile::read`] is immune.
+    /// its new end; only [`State::read`] is immune.
     pub fn check_unchanged(&self) -> Result<()> {
         match &self.source {
             Some(w) if self.is_mapped() => w.check(),
@@ -346,8 +346,8 @@ mod tests {
         // SAFETY: a plain libc call on a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         for r in [
-            StateFile::open(&p, WalkOptions::default()).err(),
-            StateFile::read(&p, WalkOptions::default()).err(),
+            State::open(&p, WalkOptions::default()).err(),
+            State::read(&p, WalkOptions::default()).err(),
         ] {
             match r {
                 Some(Error::NotAFile { path, what }) => {
@@ -363,7 +363,7 @@ mod tests {
     #[test]
     fn io_errors_name_the_path() {
         let p = tmp("missing.bin");
-        match StateFile::open(&p, WalkOptions::default()) {
+        match State::open(&p, WalkOptions::default()) {
             Err(Error::File { path, source }) => {
                 assert_eq!(path, p);
                 assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
@@ -372,7 +372,7 @@ mod tests {
         }
         let d = tmp("");
         assert!(matches!(
-            StateFile::open(&d, WalkOptions::default()),
+            State::open(&d, WalkOptions::default()),
             Err(Error::File { .. })
         ));
     }
@@ -381,8 +381,8 @@ mod tests {
     fn changes_after_open_are_detected_and_copies_are_immune() {
         let p = tmp("changing.bin");
         std::fs::write(&p, state_bytes()).unwrap();
-        let mapped = StateFile::open(&p, WalkOptions::default()).unwrap();
-        let copy = StateFile::read(&p, WalkOptions::default()).unwrap();
+        let mapped = State::open(&p, WalkOptions::default()).unwrap();
+        let copy = State::read(&p, WalkOptions::default()).unwrap();
         assert!(mapped.is_mapped() && !copy.is_mapped());
         mapped.check_unchanged().unwrap();
         // grow it (a truncation is the same test of the size, without the fault risk here)
@@ -399,7 +399,7 @@ mod tests {
         copy.check_unchanged().unwrap();
         // replaced under the same name
         std::fs::write(&p, state_bytes()).unwrap();
-        let mapped = StateFile::open(&p, WalkOptions::default()).unwrap();
+        let mapped = State::open(&p, WalkOptions::default()).unwrap();
         let q = tmp("other.bin");
         std::fs::write(&q, state_bytes()).unwrap();
         std::fs::rename(&q, &p).unwrap();

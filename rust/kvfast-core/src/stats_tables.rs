@@ -7,7 +7,7 @@ use crate::layer_map::model_layer;
 use crate::layout::{Kind, Layout};
 use crate::round_trip::RoundTrip;
 use crate::select::{cell_seq_pairs, cells_from, grouped, jobs, Job, PlanError, Selection};
-use crate::state::StateFile;
+use crate::state::State;
 use crate::stats::{
     accumulate, cell_stats as stats_of_cells, round_trip_loss, Accum, LossSums, Moments,
 };
@@ -15,7 +15,7 @@ use crate::types::GgmlType;
 
 /// A pass over one state's records: the state, the selection and the model-layer map.
 pub struct Pass<'a> {
-    pub sf: &'a StateFile,
+    pub sf: &'a State,
     pub sel: &'a Selection,
     pub map: &'a [Option<Vec<i32>>],
 }

@@ -4,7 +4,7 @@
 
 use kvfast_core::stats::{accumulate, cell_stats};
 use kvfast_core::view::RecordView;
-use kvfast_core::{walk, Error, StateFile, WalkOptions};
+use kvfast_core::{walk, Error, State, WalkOptions};
 
 /// One stream: `cells` cells of sequence 0, `layers` layers of K and V records, each
 /// `(type id, row_bytes)`; `v_trans` writes V element-major (f16, el_bytes 2, n_embd = row/2).
@@ -109,7 +109,7 @@ fn streams_of_different_row_widths_are_refused_at_open() {
     let k1 = 12 + s0 + 4 + 2 * 12 + 8;
     assert_eq!(offset, (k1 + 4) as u64);
     assert_eq!(&b[k1 + 4..k1 + 12], &128u64.to_le_bytes());
-    let err = StateFile::from_bytes(b, WalkOptions::default())
+    let err = State::from_bytes(b, WalkOptions::default())
         .err()
         .expect("the two-width state must not open");
     assert_eq!(err.kind(), "format");
@@ -172,7 +172,7 @@ fn agreeing_and_empty_streams_open() {
         stream(0, (F16, 16), (F16, 16)),
         stream(3, (Q8_0, 68), (F16, 128)),
     ]);
-    let sf = StateFile::from_bytes(b, WalkOptions::default()).unwrap();
+    let sf = State::from_bytes(b, WalkOptions::default()).unwrap();
     let streams = &sf.layout.caches[0].streams;
     assert_eq!(streams.len(), 3);
     assert!(streams[1].layers.is_empty());
@@ -184,7 +184,7 @@ fn agreeing_and_empty_streams_open() {
 #[test]
 fn views_that_lie_about_their_bytes_stay_in_bounds() {
     let b = state(&[stream(2, (F16, 16), (F16, 16))]);
-    let sf = StateFile::from_bytes(b, WalkOptions::default()).unwrap();
+    let sf = State::from_bytes(b, WalkOptions::default()).unwrap();
     let rec = &sf.layout.caches[0].streams[0].layers[0].k;
     let honest = RecordView::new(sf.bytes(), rec, 2);
     let mut row = vec![0f32; 8];

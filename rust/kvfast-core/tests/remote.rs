@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use kvfast_core::select::{jobs, Selection};
 use kvfast_core::sparse::PAGE;
 use kvfast_core::state::Policy;
-use kvfast_core::{walk, Error, Kind, StateFile, WalkOptions};
+use kvfast_core::{walk, Error, Kind, State, WalkOptions};
 
 fn states(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {
@@ -34,9 +34,9 @@ fn all_inputs() -> Vec<PathBuf> {
 }
 
 /// The walk of `b` fetched a range at a time, with the bytes fetched.
-fn remote(b: &[u8], opts: WalkOptions, policy: Policy) -> (Result<StateFile, Error>, u64) {
+fn remote(b: &[u8], opts: WalkOptions, policy: Policy) -> (Result<State, Error>, u64) {
     let fetched = Cell::new(0u64);
-    let sf = StateFile::remote(b.len() as u64, opts, policy, |ranges| {
+    let sf = State::remote(b.len() as u64, opts, policy, |ranges| {
         Ok(ranges
             .iter()
             .map(|&(o, n)| {
@@ -185,7 +185,7 @@ fn the_walk_fetches_metadata_in_a_few_rounds_and_passes_need_their_rows() {
     .unwrap();
     assert!(matches!(sf.view(&other[0]), Err(Error::NotFetched { .. })));
     // a short answer is an object that changed, not a loop
-    let e = StateFile::remote(b.len() as u64, WalkOptions::default(), TIGHT, |r| {
+    let e = State::remote(b.len() as u64, WalkOptions::default(), TIGHT, |r| {
         Ok(r.iter().map(|_| vec![0u8; 10]).collect())
     })
     .err()

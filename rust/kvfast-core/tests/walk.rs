@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use kvfast_core::{walk, Container, Error, GgmlType, StateFile, WalkOptions};
+use kvfast_core::{walk, Container, Error, GgmlType, State, WalkOptions};
 
 fn data(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -10,8 +10,8 @@ fn data(rel: &str) -> PathBuf {
         .join(rel)
 }
 
-fn open(rel: &str) -> StateFile {
-    StateFile::open(data(rel), WalkOptions::default()).unwrap_or_else(|e| panic!("{rel}: {e}"))
+fn open(rel: &str) -> State {
+    State::open(data(rel), WalkOptions::default()).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
 /// A raw sequence state with the io magic: one cache, one stream, f16 rows of `n` values.

@@ -13,7 +13,7 @@ use pyo3::types::PyBytes;
 
 use crate::columns::{finish, stream};
 use crate::errors::{Error, Result};
-use crate::state::{parse_kinds, State};
+use crate::state::{parse_kinds, PyState};
 use crate::stream::ArrowStream;
 
 /// What to compute over, as Python passes it.
@@ -27,7 +27,7 @@ pub struct SelectArg {
 
 impl SelectArg {
     /// kvfast-core's selection, in the state's geometry, rotation and RoPE.
-    pub(crate) fn selection(self, state: &State) -> Result<Selection> {
+    pub(crate) fn selection(self, state: &PyState) -> Result<Selection> {
         let g = state.geometry();
         Ok(Selection {
             caches: self.caches,
@@ -46,7 +46,7 @@ impl SelectArg {
 #[pyfunction]
 pub fn cell_stats(
     py: Python<'_>,
-    state: &State,
+    state: &PyState,
     sel: SelectArg,
     skip_first: i32,
 ) -> Result<ArrowStream> {
@@ -68,7 +68,7 @@ pub fn cell_stats(
 #[pyfunction]
 pub fn aggregate_stats(
     py: Python<'_>,
-    state: &State,
+    state: &PyState,
     sel: SelectArg,
     skip_first: i32,
 ) -> Result<(ArrowStream, ArrowStream, ArrowStream)> {
@@ -97,7 +97,7 @@ fn parse_type(name: &str) -> Result<GgmlType> {
 #[pyfunction]
 pub fn quant_error(
     py: Python<'_>,
-    state: &State,
+    state: &PyState,
     type_name: &str,
     sel: SelectArg,
     skip_first: i32,
@@ -139,15 +139,15 @@ pub fn quantize<'py>(
 
 /// Errors of `b` against `a`, cells matched by (sequence, position) (kvfast-core's `matching`).
 #[pyfunction]
-pub fn compare(py: Python<'_>, a: &State, b: &State, sel: SelectArg) -> Result<ArrowStream> {
+pub fn compare(py: Python<'_>, a: &PyState, b: &PyState, sel: SelectArg) -> Result<ArrowStream> {
     compare_matched(py, a, b, sel, Match::Sequence)
 }
 
 /// Errors of `b` against `a`, cells paired as `how` says: the columns of `compare`.
 pub(crate) fn compare_matched(
     py: Python<'_>,
-    a: &State,
-    b: &State,
+    a: &PyState,
+    b: &PyState,
     sel: SelectArg,
     how: Match,
 ) -> Result<ArrowStream> {

@@ -7,7 +7,7 @@ use kvfast_core::compare_table::Match;
 
 use crate::analysis::{compare_matched, SelectArg};
 use crate::errors::Result;
-use crate::state::State;
+use crate::state::PyState;
 use crate::stream::ArrowStream;
 
 /// Errors of `b` against `a`, cells matched by position alone; only A's cells below `below` when
@@ -16,8 +16,8 @@ use crate::stream::ArrowStream;
 #[pyo3(signature = (a, b, sel, below=None))]
 pub fn compare_positions(
     py: Python<'_>,
-    a: &State,
-    b: &State,
+    a: &PyState,
+    b: &PyState,
     sel: SelectArg,
     below: Option<i32>,
 ) -> Result<ArrowStream> {

@@ -303,7 +303,7 @@ mod tests {
 
     #[test]
     fn core_errors_stay_core_errors() {
-        let e = kvfast_core::StateFile::from_bytes(vec![1, 2, 3], Default::default())
+        let e = kvfast_core::State::from_bytes(vec![1, 2, 3], Default::default())
             .err()
             .expect("three bytes are no state");
         let kind = e.kind();

@@ -24,7 +24,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
-    m.add_class::<state::State>()?;
+    m.add_class::<state::PyState>()?;
     m.add_class::<byte_view::ByteView>()?;
     m.add_class::<stream::ArrowStream>()?;
     m.add_function(wrap_pyfunction!(model::gguf_metadata, m)?)?;

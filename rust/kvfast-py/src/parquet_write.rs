@@ -25,7 +25,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
 use kvfast_core::select::{jobs, Selection};
 use kvfast_core::table_plan::{out_type, Dtype, Out};
-use kvfast_core::StateFile;
+use kvfast_core::State;
 use parquet::arrow::arrow_writer::{compute_leaves, ArrowRowGroupWriterFactory};
 use parquet::arrow::{add_encoded_arrow_schema_to_metadata, ArrowSchemaConverter};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
@@ -41,7 +41,7 @@ use pyo3::prelude::*;
 use rayon::prelude::*;
 
 use crate::errors::{Error, Result};
-use crate::state::{parse_kind, Geometry, State};
+use crate::state::{parse_kind, Geometry, PyState};
 use crate::table::{batches, TableRequest, VALUES};
 
 /// How the values column is written (export's choice is the default; the benchmark tries others).
@@ -71,7 +71,7 @@ struct Part {
 
 /// What every partition of a call shares.
 struct Shared<'a> {
-    sf: &'a StateFile,
+    sf: &'a State,
     geometry: Geometry,
     seq_default: Option<i32>,
     dump: &'a str,
@@ -100,7 +100,7 @@ fn os_error(dest: &Path, e: impl std::fmt::Display) -> Error {
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn write_parquet(
     py: Python<'_>,
-    state: &Bound<'_, State>,
+    state: &Bound<'_, PyState>,
     parts: Vec<(PathBuf, Vec<(u32, u32, String)>, Option<String>)>,
     dump: String,
     path: String,

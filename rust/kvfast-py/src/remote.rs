@@ -1,12 +1,12 @@
 //! Remote states: the walk of an object fetched a few ranges at a time by a Python callable
 //! (`fetch(ranges) -> list of bytes`, see `kvfast.remote`), and the fetching every pass does
 //! before it runs: the rows of the records it reads, the pages not fetched yet, in parallel
-//! requests. The pass then checks its rows are there (kvfast-core's `StateFile::require`).
+//! requests. The pass then checks its rows are there (kvfast-core's `State::require`).
 
 use kvfast_core::select::{jobs, Selection};
 use kvfast_core::sparse::Sparse;
 use kvfast_core::state::{fill_fetched, walk_step, Policy, Step};
-use kvfast_core::{StateFile, WalkOptions};
+use kvfast_core::{State, WalkOptions};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -26,8 +26,8 @@ fn fetch_into(
 }
 
 /// Walk an object of `size` bytes, fetching with `fetch` what the walk reads (a few rounds);
-/// the state fetches with it what later passes read (`StateFile::require`).
-pub fn open(py: Python<'_>, size: u64, fetch: &Py<PyAny>, opts: WalkOptions) -> Result<StateFile> {
+/// the state fetches with it what later passes read (`State::require`).
+pub fn open(py: Python<'_>, size: u64, fetch: &Py<PyAny>, opts: WalkOptions) -> Result<State> {
     let sparse = Sparse::new(size)?;
     let layout = loop {
         match walk_step(&sparse, opts, Policy::default()) {
@@ -35,7 +35,7 @@ pub fn open(py: Python<'_>, size: u64, fetch: &Py<PyAny>, opts: WalkOptions) -> 
             Step::Fetch(ranges) => fetch_into(py, fetch, &sparse, &ranges)?,
         }
     };
-    let mut sf = StateFile::from_sparse(sparse, layout);
+    let mut sf = State::from_sparse(sparse, layout);
     let f = fetch.clone_ref(py);
     sf.set_fetch(Box::new(move |ranges: &[(u64, u64)]| {
         // from a pass, the GIL released: take it for the Python callable
@@ -54,7 +54,7 @@ pub fn open(py: Python<'_>, size: u64, fetch: &Py<PyAny>, opts: WalkOptions) -> 
 pub fn ready(
     py: Python<'_>,
     fetch: Option<&Py<PyAny>>,
-    sf: &StateFile,
+    sf: &State,
     wanted: &[(u64, u64)],
 ) -> Result<()> {
     let (Some(fetch), Some(sparse)) = (fetch, sf.sparse()) else {
@@ -69,7 +69,7 @@ pub fn ready(
 
 /// The rows of every record a selection reads (every stream of each selected cache, layer and
 /// kind; heads, geometry and transforms do not change which bytes are read).
-pub fn selected_rows(sf: &StateFile, sel: &Selection) -> Result<Vec<(u64, u64)>> {
+pub fn selected_rows(sf: &State, sel: &Selection) -> Result<Vec<(u64, u64)>> {
     let plain = Selection {
         caches: sel.caches.clone(),
         layers: sel.layers.clone(),
@@ -84,7 +84,7 @@ pub fn selected_rows(sf: &StateFile, sel: &Selection) -> Result<Vec<(u64, u64)>>
 }
 
 /// Bytes fetched, rounds of fetching and ranges fetched (zeros for a local state).
-pub fn fetched(sf: &StateFile) -> (u64, u64, u64) {
+pub fn fetched(sf: &State) -> (u64, u64, u64) {
     match sf.sparse() {
         Some(s) => {
             let (rounds, ranges) = s.rounds();

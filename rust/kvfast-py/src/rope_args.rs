@@ -2,7 +2,7 @@
 //! model's GGUF header), checked against the state's K rows.
 
 use kvfast_core::rope::{Rope, RopeSpec};
-use kvfast_core::StateFile;
+use kvfast_core::State;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -32,7 +32,7 @@ fn bad(msg: String) -> Error {
 
 /// The spec, checked: an entry per cache and layer at most, head sizes dividing the K rows, an
 /// even number of roped dimensions within the head, finite positive bases and scales.
-pub fn rope_spec(sf: &StateFile, spec: Vec<Vec<Option<RopeArgs>>>) -> Result<RopeSpec> {
+pub fn rope_spec(sf: &State, spec: Vec<Vec<Option<RopeArgs>>>) -> Result<RopeSpec> {
     if spec.len() > sf.layout.caches.len() {
         return Err(bad(format!(
             "RoPE parameters for {} caches, the state has {}",

@@ -9,7 +9,7 @@ use kvfast_core::alloc::{fresh_bytes, fresh_f32};
 use kvfast_core::decode::{decode_rows, decode_transposed, transpose_bytes};
 use kvfast_core::rope::CellRope;
 use kvfast_core::table_plan::{out_type, row_source, Dtype, Out, RowSource};
-use kvfast_core::{Record, StateFile};
+use kvfast_core::{Record, State};
 
 /// `cells` rows of `n_embd` values of type `out`, cell-major.
 pub struct Rows {
@@ -26,7 +26,7 @@ pub struct Rows {
 /// and their offset is aligned for the type, else decoded or transposed into fresh memory, in
 /// parallel.
 pub fn record_rows(
-    sf: &StateFile,
+    sf: &State,
     rec: &Record,
     cells: usize,
     dtype: Dtype,

@@ -1,4 +1,4 @@
-//! `State`: a mapped, walked state file, as Python sees it.
+//! `PyState` (Python's `kvfast._kvfast.State`): a mapped, walked state, as Python sees it.
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -9,7 +9,7 @@ use kvfast_core::recurrent::RecurrentHint;
 use kvfast_core::rope::{rope_of, CellRope, RopeSpec};
 use kvfast_core::select::{jobs, Selection};
 use kvfast_core::table_plan::{out_type, Dtype, Out};
-use kvfast_core::{GgmlType, Kind, Record, StateFile, WalkOptions};
+use kvfast_core::{GgmlType, Kind, Record, State, WalkOptions};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -22,9 +22,11 @@ use crate::rows::record_rows;
 use crate::stream::ArrowStream;
 use crate::table::{batches, TableRequest};
 
-#[pyclass(frozen, module = "kvfast._kvfast")]
-pub struct State {
-    inner: RwLock<Option<Arc<StateFile>>>,
+#[pyclass(frozen, name = "State", module = "kvfast._kvfast")]
+/// A walked state for Python (`kvfast._kvfast.State`): kvfast-core's [`State`] with the geometry,
+/// rotation and RoPE every pass reads it in.
+pub struct PyState {
+    inner: RwLock<Option<Arc<State>>>,
     /// Per cache, the [K, V] groups llama.cpp's rotation is undone in (0: as stored).
     rotation: RwLock<Vec<[usize; 2]>>,
     /// The model's geometry, set once at open (`set_geometry`) and used by every pass.
@@ -65,9 +67,9 @@ pub(crate) fn parse_kinds(kinds: Option<Vec<String>>) -> Result<Vec<Kind>> {
     }
 }
 
-impl State {
+impl PyState {
     /// The walked state, checked unchanged on disk since open (every pass starts here).
-    pub(crate) fn get(&self) -> Result<Arc<StateFile>> {
+    pub(crate) fn get(&self) -> Result<Arc<State>> {
         let sf = self
             .inner
             .read()
@@ -93,13 +95,13 @@ impl State {
         self.geometry.read().expect("lock").clone()
     }
 
-    fn wrap(sf: StateFile) -> Self {
+    fn wrap(sf: State) -> Self {
         let geometry = Geometry {
             // without a model the map cannot fail: it is what the bytes tell, or None
             model_layers: layer_map(&sf.layout, None).unwrap_or_default(),
             ..Geometry::default()
         };
-        State {
+        PyState {
             inner: RwLock::new(Some(Arc::new(sf))),
             rotation: RwLock::new(Vec::new()),
             geometry: RwLock::new(geometry),
@@ -109,7 +111,7 @@ impl State {
     }
 
     /// Fetch the rows a pass over `sel` reads that are not fetched yet (a remote state).
-    pub(crate) fn ready(&self, py: Python<'_>, sf: &StateFile, sel: &Selection) -> Result<()> {
+    pub(crate) fn ready(&self, py: Python<'_>, sf: &State, sel: &Selection) -> Result<()> {
         if self.fetch.is_none() {
             return Ok(());
         }
@@ -121,14 +123,14 @@ impl State {
     pub(crate) fn ready_ranges(
         &self,
         py: Python<'_>,
-        sf: &StateFile,
+        sf: &State,
         ranges: &[(u64, u64)],
     ) -> Result<()> {
         crate::remote::ready(py, self.fetch.as_ref(), sf, ranges)
     }
 
     fn record<'a>(
-        sf: &'a StateFile,
+        sf: &'a State,
         cache: usize,
         stream: usize,
         layer: usize,
@@ -180,7 +182,7 @@ fn type_name(t: Option<GgmlType>) -> Option<&'static str> {
 }
 
 #[pymethods]
-impl State {
+impl PyState {
     /// `v_less` and `recurrent` ((the model's n_layer, its layers with R and S records)) say what
     /// the model says where the bytes cannot tell (see kvfast_core::WalkOptions).
     #[new]
@@ -196,12 +198,12 @@ impl State {
         let opts = walk_options(cell_ext, v_less, recurrent);
         let sf = py.detach(|| {
             if mmap {
-                StateFile::open(&path, opts)
+                State::open(&path, opts)
             } else {
-                StateFile::read(&path, opts)
+                State::read(&path, opts)
             }
         })?;
-        Ok(State::wrap(sf))
+        Ok(PyState::wrap(sf))
     }
 
     /// Walk a remote object of `size` bytes: `fetch(ranges)` returns the bytes of each (offset,
@@ -219,7 +221,7 @@ impl State {
     ) -> Result<Self> {
         let opts = walk_options(cell_ext, v_less, recurrent);
         let sf = crate::remote::open(py, size, &fetch, opts)?;
-        let mut state = State::wrap(sf);
+        let mut state = PyState::wrap(sf);
         state.fetch = Some(fetch);
         Ok(state)
     }
@@ -261,8 +263,8 @@ impl State {
         recurrent: Option<(u32, u32)>,
     ) -> Result<Self> {
         let opts = walk_options(cell_ext, v_less, recurrent);
-        let sf = py.detach(|| StateFile::from_bytes(data, opts))?;
-        Ok(State::wrap(sf))
+        let sf = py.detach(|| State::from_bytes(data, opts))?;
+        Ok(PyState::wrap(sf))
     }
 
     /// Read keys before RoPE: per cache and layer, the rope to undo in K rows (None: as stored).

@@ -11,7 +11,7 @@ use kvfast_core::columns::{empty_value_index, value_index};
 use kvfast_core::layer_map::{model_layer, LayerMap};
 use kvfast_core::select::{cell_seq_pairs, jobs, Job, Selection};
 use kvfast_core::table_plan::{plan, Dtype, Out};
-use kvfast_core::StateFile;
+use kvfast_core::State;
 
 use crate::columns::arrays;
 use crate::errors::Result;
@@ -51,7 +51,7 @@ pub fn schema(out: Out, head_dim: usize) -> SchemaRef {
 
 /// Build every selected batch (decoding in parallel inside each record).
 pub fn batches(
-    sf: &StateFile,
+    sf: &State,
     req: &TableRequest,
     seq_default: Option<i32>,
 ) -> Result<(SchemaRef, Vec<RecordBatch>)> {

@@ -1,7 +1,7 @@
 //! Small valid states for the binding's unit tests (no Python needed).
 
 use half::f16;
-use kvfast_core::{GgmlType, StateFile, WalkOptions};
+use kvfast_core::{GgmlType, State, WalkOptions};
 
 /// The value of K (or V, negated) value `j` of `cell` in `layer` of [`state`]: exact in f16.
 pub fn value(cell: u32, layer: u32, kind: &str, j: u32) -> f32 {
@@ -16,7 +16,7 @@ pub fn value(cell: u32, layer: u32, kind: &str, j: u32) -> f32 {
 /// A raw sequence state with the io magic: one cache, one stream of `cells` cells of sequence 0 at
 /// positions 0.., and `layers` layers of K and V rows of `n_embd` values each; K of type `k`
 /// (f16, or q8_0 with n_embd a multiple of 32 and at most 4 cells), V f16. Values: [`value`].
-pub fn state(cells: u32, layers: u32, n_embd: u32, k: GgmlType) -> StateFile {
+pub fn state(cells: u32, layers: u32, n_embd: u32, k: GgmlType) -> State {
     let mut b = Vec::new();
     for w in [0xAF14_3CD8u32, 0, 1, cells] {
         b.extend(w.to_le_bytes());
@@ -47,5 +47,5 @@ pub fn state(cells: u32, layers: u32, n_embd: u32, k: GgmlType) -> StateFile {
             }
         }
     }
-    StateFile::from_bytes(b, WalkOptions::default()).expect("a valid state")
+    State::from_bytes(b, WalkOptions::default()).expect("a valid state")
 }

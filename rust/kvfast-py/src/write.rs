@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 
 use crate::errors::{Error, Result};
-use crate::state::{parse_kind, State};
+use crate::state::{parse_kind, PyState};
 
 /// The edits of one source state, in the order they are made.
 #[derive(FromPyObject)]
@@ -91,7 +91,7 @@ fn ty(name: &str) -> Result<GgmlType> {
     GgmlType::from_name(name).ok_or_else(|| Error::UnknownType(name.to_string()))
 }
 
-fn edit(sf: &kvfast_core::StateFile, e: SourceEdits) -> Result<StateParts> {
+fn edit(sf: &kvfast_core::State, e: SourceEdits) -> Result<StateParts> {
     sf.require(0, sf.layout.size, || "the state written".into())?;
     let mut p = StateParts::from_layout(sf.bytes(), &sf.layout)?;
     // V untransposed before it is requantized (a quantized V is never transposed), transposed after
@@ -140,7 +140,7 @@ fn edit(sf: &kvfast_core::StateFile, e: SourceEdits) -> Result<StateParts> {
 #[pyfunction]
 pub fn write_state(
     py: Python<'_>,
-    sources: Vec<PyRef<'_, State>>,
+    sources: Vec<PyRef<'_, PyState>>,
     edits: Vec<SourceEdits>,
     path: PathBuf,
     target: Target,
