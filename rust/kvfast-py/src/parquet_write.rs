@@ -36,7 +36,7 @@ use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::ColumnDescPtr;
-use pyo3::exceptions::PyOSError;
+use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use rayon::prelude::*;
 
@@ -211,10 +211,14 @@ fn write_part(sh: &Shared<'_>, part: &Part) -> Result<(u64, Option<&'static str>
             )?),
         };
         if schema.field(VALUES).data_type() != &o.table_values {
-            return Err(os_error(
-                dest,
-                "the partition's records have values of different types or head sizes",
-            ));
+            // a usage error (ValueError), not the file's
+            return Err(Error::Python(PyValueError::new_err(format!(
+                "{}: the partition's records have values of different types or head sizes \
+                 ({} and {}): partition by kind too (partition_by=(\"layer\", \"kind\"))",
+                dest.display(),
+                o.table_values,
+                schema.field(VALUES).data_type()
+            ))));
         }
         for b in &batches {
             rows += o.write(b, sh).map_err(|e| os_error(dest, e))? as u64;
