@@ -139,8 +139,8 @@ def anon():
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) * 1024
 
-src, out = sys.argv[1], sys.argv[2]
-kvfast.export(src, out + "-warm", head_dim=128, progress=False)  # imports, thread pools, caches
+src, small, out = sys.argv[1], sys.argv[2], sys.argv[3]
+kvfast.export(small, out + "-warm", head_dim=128, progress=False)  # imports, thread pools (a small state)
 base = anon()
 peak = base
 done = threading.Event()
@@ -164,10 +164,12 @@ def test_memory_is_bounded_by_a_record_not_a_state(tmp_path: Path) -> None:
     src = tmp_path / "big.bin"
     # 16 layers of K and V, 4 MiB a record (8192 cells of 256 f16 values): 128 MiB of rows
     size = synth.write_state(src, cells=8192, n_layer=16, n_embd_k=256)
+    small = tmp_path / "small.bin"
+    synth.write_state(small, cells=64, n_layer=2, n_embd_k=256)
     record = 8192 * 256 * 2
     env = {**os.environ, "RAYON_NUM_THREADS": "2"}  # two partitions written at once, whatever the machine
     run = subprocess.run(
-        [sys.executable, "-c", CHILD, str(src), str(tmp_path / "out")],
+        [sys.executable, "-c", CHILD, str(src), str(small), str(tmp_path / "out")],
         check=False,
         capture_output=True,
         text=True,
