@@ -12,7 +12,7 @@ from conftest import DATA
 from polars.testing import assert_frame_equal
 
 import kvfast
-from kvfast import dataset
+from kvfast import dataset, export_parquet
 from kvfast.cli import main
 
 F16 = sorted(str(p) for p in DATA.glob("qwen3tiny-f16-fa*/seq-0.*"))
@@ -182,23 +182,24 @@ def test_export_errors_skip_or_fail(tmp_path: Path) -> None:
 
 
 def test_export_crash_leaves_nothing_partial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pyarrow.parquet as pq
-
-    real = pq.ParquetWriter.write_table
+    real = export_parquet.write_values
     calls = {"n": 0}
 
-    def flaky(self, table, *a, **kw):  # the second row group of the state fails
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise OSError("disk full")
-        return real(self, table, *a, **kw)
+    def flaky(d, parts, dtype, advance, **kw):  # the state fails after its first row group
+        def advancing(n: int) -> None:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise OSError("disk full")
+            advance(n)
 
-    monkeypatch.setattr(pq.ParquetWriter, "write_table", flaky)
+        return real(d, parts, dtype, advancing, **kw)
+
+    monkeypatch.setattr(export_parquet, "write_values", flaky)
     out = tmp_path / "out"
     report = kvfast.export([F16[0]], out, head_dim=32, on_error="skip", partition_by=())
     assert report["status"].to_list() == ["failed"] and "disk full" in report["error"][0]
     assert [p for p in out.rglob("*") if p.is_file()] == []
-    monkeypatch.setattr(pq.ParquetWriter, "write_table", real)
+    monkeypatch.setattr(export_parquet, "write_values", real)
     assert kvfast.export([F16[0]], out, head_dim=32, partition_by=())["status"].to_list() == ["written"]
 
 

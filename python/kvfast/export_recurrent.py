@@ -8,13 +8,12 @@ and V (and R than S): a glob of the value table (``OUT/**/*.parquet`` without ``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
 
-from kvfast import dataset
-from kvfast.dataset import _frame
+from kvfast import dataset, export_parquet
 from kvfast.state import State
 
 #: The folder of a state's recurrent values in an export.
@@ -26,29 +25,16 @@ def records(d: State) -> pl.DataFrame:
     return dataset.records(d, ("r", "s"))
 
 
-def _frames(d: State, kind: str, dtype: str | None, advance: Callable[[int], None]) -> Iterator[pl.DataFrame]:
-    recs = dataset.records(d, (kind,))
-    for cache, layer, n_embd, nbytes in recs.select("cache", "layer", "n_embd", "nbytes").iter_rows():
-        if n_embd == 0:
-            continue  # rows of no value (LFM2 keeps no S)
-        yield _frame(d, cache, layer, kind, dtype, values=True)
-        advance(nbytes)
-
-
 def write_values(
-    d: State,
-    staged: Path,
-    dtype: str | None,
-    advance: Callable[[int], None],
-    write: Callable[[Iterator[pl.DataFrame], Path], tuple[int, str | None]],
+    d: State, staged: Path, dtype: str | None, advance: Callable[[int], None]
 ) -> tuple[int, int]:
-    """Write the recurrent part's values, one file per kind; (rows, files) written."""
+    """Write the recurrent part's values, one file per kind (as export writes K and V:
+    :mod:`kvfast.export_parquet`); (rows, files) written."""
     if d.recurrent is None:
         return 0, 0
-    rows = files = 0
-    for kind in ("r", "s"):
-        dest = staged / FOLDER / f"kind-{kind}.parquet"
-        n, _ = write(_frames(d, kind, None if dtype == "native" else dtype, advance), dest)
-        rows += n
-        files += dest.exists()
-    return rows, files
+    recs = dataset.records(d, ("r", "s")).filter(pl.col("n_embd") > 0)  # LFM2 keeps no S: no file
+    parts = [
+        (staged / FOLDER / f"kind-{kind}.parquet", recs.filter(pl.col("kind") == kind)) for kind in ("r", "s")
+    ]
+    written = export_parquet.write_values(d, parts, None if dtype == "native" else dtype, advance)
+    return sum(n for n, _ in written), sum(t is not None for _, t in written)
