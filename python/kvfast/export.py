@@ -268,7 +268,7 @@ def _export_one(opts: _Options, commit: Commit, progress: Progress, path: str, r
                 row["rows"] += n
                 types |= {values} if values else set()
             if opts.what == "values":
-                n, files = export_recurrent.write_values(d, staged, opts.dtype, advance, _write)
+                n, files = export_recurrent.write_values(d, staged, opts.dtype, advance)
                 row["rows"] += n
                 row["files"] += files
         marker = {
