@@ -48,6 +48,7 @@ bench: install
 	$(PY) benches/bench_values.py
 	$(PY) benches/bench_stats.py
 	$(PY) benches/bench_export.py
+	$(PY) benches/bench_long.py
 	$(PY) benches/bench_open.py
 	$(PY) benches/bench_rotation.py
 	$(PY) benches/bench_remote.py
