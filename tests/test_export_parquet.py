@@ -117,6 +117,20 @@ def test_other_encodings_read_back_alike(
     assert ("BYTE_STREAM_SPLIT" in col.encodings) == bool(settings.get("split"))
 
 
+def test_a_long_record_is_several_row_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # row groups of at most ~2,000 bytes of rows: each record of the fixture is several
+    monkeypatch.setattr(export_parquet, "SETTINGS", {**export_parquet.SETTINGS, "row_group_bytes": 2000})
+    kvfast.export([F16, Q8], tmp_path / "out", head_dim=32, dtype="native")
+    for path in (F16, Q8):
+        files = sorted((tmp_path / "out" / dump_id(path)).glob("*.parquet"))
+        meta = pq.read_metadata(files[0])
+        assert meta.num_row_groups > 2  # K and V of the layer, each in several
+        exp = want(path)
+        assert_frame_equal(pl.read_parquet(files).sort(KEY), exp.sort(KEY))
+        got = read_three(files)["duckdb"]
+        np.testing.assert_array_equal(values_of(got).astype(np.float32), values_of(exp).astype(np.float32))
+
+
 def test_a_partition_of_records_of_two_head_sizes_is_refused(tmp_path: Path) -> None:
     src = tmp_path / "kv.bin"
     synth.write_state(src, n_layer=2, cells=4, n_embd_k=64, n_embd_v=32)  # K 64 wide, V 32: one head each

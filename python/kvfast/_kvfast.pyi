@@ -159,4 +159,5 @@ def write_parquet(
     zstd: int | None = None,
     split: bool = False,
     page_bytes: int = 1048576,
+    row_group_bytes: int = 67108864,
 ) -> list[tuple[int, str | None]]: ...

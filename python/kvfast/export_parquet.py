@@ -24,7 +24,7 @@ from kvfast import _kvfast, remote
 from kvfast.dataset import INDEX_SCHEMA, dump_id
 
 #: How the values column is written (the measured choice: README, "Export").
-SETTINGS: dict[str, Any] = {"zstd": 1, "split": False, "page_bytes": 1 << 16}
+SETTINGS: dict[str, Any] = {"zstd": 1, "split": False, "page_bytes": 1 << 16, "row_group_bytes": 64 << 20}
 
 
 class Opened(Protocol):

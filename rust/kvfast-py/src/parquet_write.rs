@@ -53,6 +53,8 @@ pub struct Settings {
     pub split: bool,
     /// About how many bytes of values a page holds (whole rows, at least one).
     pub page_bytes: usize,
+    /// The most bytes of a record's rows in one row group (a longer record is several).
+    pub row_group_bytes: usize,
 }
 
 /// One record of a partition: its selection (cache, layer, kind) and its bytes in the state (for
@@ -96,7 +98,7 @@ fn os_error(dest: &Path, e: impl std::fmt::Display) -> Error {
 /// float32). Returns, per partition, the rows written and the values' type ("float16" or
 /// "float32"; None when no file was written).
 #[pyfunction]
-#[pyo3(signature = (state, parts, dump, path, index_schema, advance, zstd=None, split=false, page_bytes=1048576))]
+#[pyo3(signature = (state, parts, dump, path, index_schema, advance, zstd=None, split=false, page_bytes=1048576, row_group_bytes=67108864))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn write_parquet(
     py: Python<'_>,
@@ -109,6 +111,7 @@ pub fn write_parquet(
     zstd: Option<i32>,
     split: bool,
     page_bytes: usize,
+    row_group_bytes: usize,
 ) -> Result<Vec<(u64, Option<&'static str>)>> {
     let st = state.get();
     let sf = st.get()?;
@@ -172,6 +175,7 @@ pub fn write_parquet(
             zstd,
             split,
             page_bytes: page_bytes.max(1),
+            row_group_bytes,
         },
         advance: &advance,
     };
@@ -221,7 +225,16 @@ fn write_part(sh: &Shared<'_>, part: &Part) -> Result<(u64, Option<&'static str>
             ))));
         }
         for b in &batches {
-            rows += o.write(b, sh).map_err(|e| os_error(dest, e))? as u64;
+            // a row group per record, or per `row_group_bytes` of its rows: the encoded column
+            // held before it is written stays bounded beside the record
+            let row_bytes = b.get_array_memory_size() / b.num_rows().max(1);
+            let step = (sh.settings.row_group_bytes / row_bytes.max(1)).max(1);
+            let mut at = 0;
+            while at < b.num_rows() {
+                let part = b.slice(at, step.min(b.num_rows() - at));
+                rows += o.write(&part, sh).map_err(|e| os_error(dest, e))? as u64;
+                at += step;
+            }
         }
         drop(batches);
         Python::attach(|py| sh.advance.call1(py, (rec.nbytes,)))?;
