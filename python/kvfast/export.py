@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +40,6 @@ from kvfast import export_parquet, export_recurrent, remote
 from kvfast.dataset import (
     INDEX_SCHEMA,
     Paths,
-    _frame,
     _records,
     dump_id,
     expand,
@@ -192,30 +191,17 @@ def _partitions(opts: _Options, d: State) -> list[tuple[dict[str, Any], pl.DataF
     ]
 
 
-def _all_f16(recs: pl.DataFrame) -> bool:
-    """Whether every record of `recs` (``dataset.records`` rows) is stored as f16."""
-    return bool((recs["type"] == "f16").all())
-
-
-def _part_frames(
-    opts: _Options, d: State, part: dict[str, Any], recs: pl.DataFrame, advance: Callable[[int], None]
+def _stats_frames(
+    opts: _Options, d: State, part: dict[str, Any], recs: pl.DataFrame
 ) -> Iterator[pl.DataFrame]:
-    """The frames of one partition of one state, a record (or one statistics pass) at a time, with
-    every column (the partition keys too: readers need not parse folder names)."""
-    if opts.what == "values":
-        dtype = opts.dtype
-        if dtype == "native":  # this file's own type: f16 when all its records are, else float32
-            dtype = None if _all_f16(recs) else "float32"
-        for c, ly, k, nbytes in recs.select("cache", "layer", "kind", "nbytes").iter_rows():
-            yield _frame(d, c, ly, k, dtype, values=True)
-            advance(nbytes)
-    else:
-        layers = sorted(set(recs["layer"].to_list()))
-        kinds = sorted(set(recs["kind"].to_list()))
-        df = stats_frame(d, opts.by, layers, kinds)
-        for k, v in part.items():
-            df = df.filter(pl.col(k) == v)
-        yield df
+    """The statistics of one partition of one state, with every column (the partition keys too:
+    readers need not parse folder names); values go through :mod:`kvfast.export_parquet`."""
+    layers = sorted(set(recs["layer"].to_list()))
+    kinds = sorted(set(recs["kind"].to_list()))
+    df = stats_frame(d, opts.by, layers, kinds)
+    for k, v in part.items():
+        df = df.filter(pl.col(k) == v)
+    yield df
 
 
 def _export_one(opts: _Options, commit: Commit, progress: Progress, path: str, real: str) -> dict[str, Any]:
@@ -260,9 +246,7 @@ def _export_one(opts: _Options, commit: Commit, progress: Progress, path: str, r
             if opts.what == "values":  # in Rust, the partitions in parallel (kvfast.export_parquet)
                 written = export_parquet.write_values(d, [(p[0], p[2]) for p in parts], opts.dtype, advance)
             else:
-                written = [
-                    _write(_part_frames(opts, d, part, recs, advance), dest) for dest, part, recs in parts
-                ]
+                written = [_write(_stats_frames(opts, d, part, recs), dest) for dest, part, recs in parts]
             for (dest, _, _), (n, values) in zip(parts, written, strict=True):
                 row["files"] += dest.exists()
                 row["rows"] += n
