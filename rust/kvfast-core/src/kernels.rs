@@ -127,56 +127,68 @@ impl ChannelSums {
         }
     }
 
-    /// Add two rows (or one when `b` is None): each of exactly `n` values, else not added.
-    pub fn add(&mut self, a: Values, b: Option<Values>) {
+    /// Add rows, each of exactly `n` values (a row of another length is not added); four at a
+    /// time, so that the sums are loaded and stored once for four rows.
+    pub fn add(&mut self, rows: &[Values]) {
+        let mut rest = rows;
+        while !rest.is_empty() {
+            let k = match rest.len() {
+                1 => 1,
+                2 | 3 => 2,
+                _ => 4,
+            };
+            let (group, tail) = rest.split_at(k);
+            rest = tail;
+            self.add_group(group);
+        }
+    }
+
+    /// One, two or four rows.
+    fn add_group(&mut self, g: &[Values]) {
         let n = self.n;
-        if a.len() != n || b.is_some_and(|b| b.len() != n) || self.head_dim == 0 {
-            if let Some(b) = b {
-                self.add(b, None);
+        let f16 = g.iter().all(|r| matches!(r, Values::F16(_)));
+        let f32 = g.iter().all(|r| matches!(r, Values::F32(_)));
+        if g.len() > 1 && !(g.iter().all(|r| r.len() == n) && (f16 || f32)) {
+            for r in g {
+                self.add_group(std::slice::from_ref(r));
             }
             return;
         }
-        if let (Values::F16(_), Some(Values::F32(_))) | (Values::F32(_), Some(Values::F16(_))) =
-            (a, b)
-        {
-            self.add(a, None);
-            return self.add(b.unwrap_or(a), None);
+        let Some(&first) = g.first() else { return };
+        if first.len() != n || self.head_dim == 0 {
+            return;
         }
         if self.rows == 0 {
-            for (s, x) in self.shift.iter_mut().zip(to_f32(a).iter()) {
+            for (s, x) in self.shift.iter_mut().zip(to_f32(first).iter()) {
                 *s = *x as f64;
             }
         }
-        self.rows += 1 + u64::from(b.is_some());
+        self.rows += g.len() as u64;
         #[cfg(target_arch = "x86_64")]
         if vector_heads(self.head_dim) {
-            // SAFETY: the CPU has AVX2, FMA and F16C; every row holds n values (checked), the
-            // sums hold n each.
+            let p16 = |i: usize| match g[i] {
+                Values::F16(b) => x86::F16Ptr(b.as_ptr()),
+                Values::F32(_) => x86::F16Ptr(std::ptr::null()), // never: the rows are all f16
+            };
+            let p32 = |i: usize| match g[i] {
+                Values::F32(v) => x86::F32Ptr(v.as_ptr()),
+                Values::F16(_) => x86::F32Ptr(std::ptr::null()), // never: the rows are all f32
+            };
+            // SAFETY: the CPU has AVX2, FMA and F16C; every row holds n values (checked) of the
+            // layout its pointer reads; the sums hold n each.
             unsafe {
-                match (a, b) {
-                    (Values::F16(a), Some(Values::F16(b))) => x86::channel_rows(
-                        self,
-                        x86::F16Ptr(a.as_ptr()),
-                        Some(x86::F16Ptr(b.as_ptr())),
-                    ),
-                    (Values::F32(a), Some(Values::F32(b))) => x86::channel_rows(
-                        self,
-                        x86::F32Ptr(a.as_ptr()),
-                        Some(x86::F32Ptr(b.as_ptr())),
-                    ),
-                    (Values::F16(a), None) => {
-                        x86::channel_rows(self, x86::F16Ptr(a.as_ptr()), None)
-                    }
-                    (Values::F32(a), None) => {
-                        x86::channel_rows(self, x86::F32Ptr(a.as_ptr()), None)
-                    }
-                    // rows of two layouts were added one at a time above
-                    _ => {}
+                match (f16, g.len()) {
+                    (true, 4) => x86::channel_rows(self, std::array::from_fn::<_, 4, _>(p16)),
+                    (true, 2) => x86::channel_rows(self, std::array::from_fn::<_, 2, _>(p16)),
+                    (true, _) => x86::channel_rows(self, [p16(0)]),
+                    (false, 4) => x86::channel_rows(self, std::array::from_fn::<_, 4, _>(p32)),
+                    (false, 2) => x86::channel_rows(self, std::array::from_fn::<_, 2, _>(p32)),
+                    (false, _) => x86::channel_rows(self, [p32(0)]),
                 }
             }
             return;
         }
-        for row in [Some(a), b].into_iter().flatten() {
+        for &row in g {
             let row = to_f32(row);
             for j in 0..n {
                 let x = row[j];
@@ -474,22 +486,23 @@ mod x86 {
         }
     }
 
-    /// Add row `a` (and `b`) to the sums: every value of the rows (acc.n of each, acc.n a multiple
-    /// of acc.head_dim, a multiple of 8).
+    /// Add the K rows to the sums: every value of the rows (acc.n of each, acc.n a multiple of
+    /// acc.head_dim, a multiple of 8).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn channel_rows<L: Load>(acc: &mut ChannelSums, a: L, b: Option<L>) {
+    pub(super) unsafe fn channel_rows<L: Load, const K: usize>(
+        acc: &mut ChannelSums,
+        rows: [L; K],
+    ) {
         let (n, hd) = (acc.n, acc.head_dim);
         let (shift, s1, s2) = (acc.shift.as_ptr(), acc.s1.as_mut_ptr(), acc.s2.as_mut_ptr());
         let (lo, hi) = (acc.lo.as_mut_ptr(), acc.hi.as_mut_ptr());
         for (h, e) in acc.l2.iter_mut().enumerate().take(n / hd) {
             let (base, end) = (h * hd, (h + 1) * hd);
-            let (mut qa0, mut qa1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
-            let (mut qb0, mut qb1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+            let mut q = [[_mm256_setzero_pd(); 2]; K];
             let mut i = base;
             while i < end {
                 // SAFETY: i + 8 <= n: inside each row and each sum.
                 unsafe {
-                    let va = a.load8(i);
                     let (k0, k1) = (
                         _mm256_loadu_pd(shift.add(i)),
                         _mm256_loadu_pd(shift.add(i + 4)),
@@ -500,24 +513,14 @@ mod x86 {
                         (_mm256_loadu_pd(s2.add(i)), _mm256_loadu_pd(s2.add(i + 4)));
                     let mut l = _mm256_loadu_ps(lo.add(i));
                     let mut g = _mm256_loadu_ps(hi.add(i));
-                    l = _mm256_min_ps(va, l);
-                    g = _mm256_max_ps(va, g);
-                    let (x0, x1) = widen(va);
-                    qa0 = _mm256_fmadd_pd(x0, x0, qa0);
-                    qa1 = _mm256_fmadd_pd(x1, x1, qa1);
-                    let (d0, d1) = (_mm256_sub_pd(x0, k0), _mm256_sub_pd(x1, k1));
-                    t0 = _mm256_add_pd(t0, d0);
-                    t1 = _mm256_add_pd(t1, d1);
-                    u0 = _mm256_fmadd_pd(d0, d0, u0);
-                    u1 = _mm256_fmadd_pd(d1, d1, u1);
-                    if let Some(b) = b {
-                        let vb = b.load8(i);
-                        l = _mm256_min_ps(vb, l);
-                        g = _mm256_max_ps(vb, g);
-                        let (y0, y1) = widen(vb);
-                        qb0 = _mm256_fmadd_pd(y0, y0, qb0);
-                        qb1 = _mm256_fmadd_pd(y1, y1, qb1);
-                        let (d0, d1) = (_mm256_sub_pd(y0, k0), _mm256_sub_pd(y1, k1));
+                    for (r, q) in rows.iter().zip(q.iter_mut()) {
+                        let v = r.load8(i);
+                        l = _mm256_min_ps(v, l);
+                        g = _mm256_max_ps(v, g);
+                        let (x0, x1) = widen(v);
+                        q[0] = _mm256_fmadd_pd(x0, x0, q[0]);
+                        q[1] = _mm256_fmadd_pd(x1, x1, q[1]);
+                        let (d0, d1) = (_mm256_sub_pd(x0, k0), _mm256_sub_pd(x1, k1));
                         t0 = _mm256_add_pd(t0, d0);
                         t1 = _mm256_add_pd(t1, d1);
                         u0 = _mm256_fmadd_pd(d0, d0, u0);
@@ -532,10 +535,9 @@ mod x86 {
                 }
                 i += 8;
             }
-            // SAFETY: AVX.
-            let norms = unsafe { [Some(lanes_sum(qa0, qa1)), b.map(|_| lanes_sum(qb0, qb1))] };
-            for sq in norms.into_iter().flatten() {
-                let l2 = sq.sqrt();
+            for q in &q {
+                // SAFETY: AVX.
+                let l2 = unsafe { lanes_sum(q[0], q[1]) }.sqrt();
                 e.0 += l2;
                 e.1 = e.1.max(l2);
                 e.2 += 1;
@@ -678,10 +680,13 @@ mod tests {
         let x = values(n * rows, 3);
         for pair in [true, false] {
             let mut s = ChannelSums::new(n, hd);
-            let mut it = x.chunks_exact(n).map(Values::F32).peekable();
-            while let Some(a) = it.next() {
-                let b = if pair { it.next() } else { None };
-                s.add(a, b);
+            let vals: Vec<Values> = x.chunks_exact(n).map(Values::F32).collect();
+            if pair {
+                s.add(&vals); // 4, 2, 1
+            } else {
+                for r in &vals {
+                    s.add(std::slice::from_ref(r));
+                }
             }
             let m = s.moments();
             for j in 0..n {
@@ -716,7 +721,7 @@ mod tests {
         }
         // rows of another width add nothing
         let mut s = ChannelSums::new(n, hd);
-        s.add(Values::F32(&x[..n - 1]), None);
+        s.add(&[Values::F32(&x[..n - 1])]);
         assert_eq!(s.moments()[0].count, 0);
     }
 

@@ -407,13 +407,19 @@ pub fn accumulate(v: &RecordView, cells: &[usize], head_dim: usize) -> Accum {
         )
 }
 
-/// Add rows two at a time.
+/// Add rows four at a time.
 fn add_rows<'a>(sums: &mut ChannelSums, rows: impl Iterator<Item = Values<'a>>) {
-    let mut rows = rows.peekable();
-    while let Some(a) = rows.next() {
-        let b = rows.next();
-        sums.add(a, b);
+    let mut group: [Values; 4] = [Values::F32(&[]); 4];
+    let mut k = 0;
+    for r in rows {
+        group[k] = r;
+        k += 1;
+        if k == 4 {
+            sums.add(&group);
+            k = 0;
+        }
     }
+    sums.add(&group[..k]);
 }
 
 /// Errors between matched rows of two records, per head.
