@@ -7,7 +7,7 @@
 //! lanes in order: equal to float64 rounding). Minima and maxima ignore NaN, as `f32::min` does:
 //! MINPS / MAXPS return their second operand when either is NaN, and the running one is second.
 
-use crate::stats::{CellStat, LossSums, Moments};
+use crate::moments::{CellStat, LossSums, Moments};
 
 /// One row of values as a kernel reads them.
 #[derive(Clone, Copy)]
@@ -90,7 +90,7 @@ pub fn head_stats(row: Values, head_dim: usize, out: &mut impl Sink) {
         return;
     }
     for h in to_f32(row)[..whole].chunks_exact(head_dim) {
-        out.push(crate::stats::one_cell(h));
+        out.push(crate::moments::one_cell(h));
     }
 }
 
@@ -199,7 +199,7 @@ impl ChannelSums {
                 self.hi[j] = self.hi[j].max(x);
             }
             for (h, hv) in row.chunks_exact(self.head_dim).enumerate() {
-                let l2 = crate::stats::sum_sq(hv).1.sqrt();
+                let l2 = crate::moments::sum_sq(hv).1.sqrt();
                 let e = &mut self.l2[h];
                 e.0 += l2;
                 e.1 = e.1.max(l2);
@@ -264,7 +264,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::ChannelSums;
-    use crate::stats::{CellStat, LossSums};
+    use crate::moments::{CellStat, LossSums};
 
     /// Eight values at a time from a row.
     pub(super) trait Load: Copy {

@@ -20,6 +20,7 @@ pub mod layer_map;
 pub mod layout;
 pub mod match_position;
 pub mod matching;
+pub mod moments;
 pub mod pages;
 pub mod quantize;
 pub mod records;
