@@ -36,7 +36,7 @@ from kvfast.structure import Cache, Layer, Stream
 from kvfast.write import write
 from kvfast.write_cells import WriteError
 
-#: The former name of :class:`State` (kvfast < 0.2), kept so code written against it runs.
+#: The former name of :class:`State`, kept so code written against it runs.
 Dump = State
 
 
