@@ -297,6 +297,61 @@ def _size(path: str) -> int:
         return 0
 
 
+def _plan(
+    paths: Paths,
+    out: Path,
+    what: str,
+    partition_by: Sequence[str],
+    head_dim: int | None,
+    model: str | os.PathLike[str] | ModelGeometry | None,
+    on_error: str,
+    by: str,
+    dtype: str | None,
+    rotation: Mode,
+    hive: bool,
+    pre_rope: bool,
+    storage_options: remote.StorageOptions = None,
+) -> tuple[dict[str, str], _Options]:
+    """An export's arguments checked, its states (given name -> real path, each once) and its
+    options, the values' type decided: what :func:`export` and ``kvfast.ray.export`` share."""
+    if what not in ("values", "stats"):
+        raise ValueError(f"what must be 'values' or 'stats', not {what!r}")
+    if on_error not in ("fail", "skip"):
+        raise ValueError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
+    if dtype not in (None, "float32", "native"):
+        raise ValueError(f"dtype must be None, 'float32' or 'native', not {dtype!r}")
+    bad = set(partition_by) - {"cache", "layer", "kind"}
+    if bad:
+        raise ValueError(f"partition_by takes cache, layer and kind, not {sorted(bad)}")
+    files = _unique(expand(paths, storage_options))
+    geometry = model if model is None or isinstance(model, ModelGeometry) else ModelGeometry.from_gguf(model)
+    _check_layout(out)
+    pre_rope_model = None
+    if pre_rope:
+        if model is None or isinstance(model, ModelGeometry):
+            raise PreRopeError(
+                "pre_rope=True needs the model's GGUF (model=PATH; --model on the command line)",
+                field="model",
+            )
+        pre_rope_model = os.fspath(model)
+        dtype = "float32" if what == "values" and dtype is None else dtype
+    if what == "values" and dtype is None:
+        dtype = one_type(files, out, head_dim, geometry, rotation)
+    opts = _Options(
+        out,
+        what,
+        by,
+        tuple(partition_by),
+        head_dim,
+        geometry,
+        dtype,
+        rotation,
+        hive,
+        pre_rope_model,
+    )
+    return files, opts
+
+
 def export(
     paths: Paths,
     out_dir: str | os.PathLike[str],
@@ -339,40 +394,20 @@ def export(
     read by ranged requests; ``out_dir`` is a local folder. A remote state's marker records its
     size, ETag and modification time.
     """
-    if what not in ("values", "stats"):
-        raise ValueError(f"what must be 'values' or 'stats', not {what!r}")
-    if on_error not in ("fail", "skip"):
-        raise ValueError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
-    if dtype not in (None, "float32", "native"):
-        raise ValueError(f"dtype must be None, 'float32' or 'native', not {dtype!r}")
-    bad = set(partition_by) - {"cache", "layer", "kind"}
-    if bad:
-        raise ValueError(f"partition_by takes cache, layer and kind, not {sorted(bad)}")
-    files = _unique(expand(paths, storage_options))
-    geometry = model if model is None or isinstance(model, ModelGeometry) else ModelGeometry.from_gguf(model)
-    _check_layout(Path(out_dir))
-    pre_rope_model = None
-    if pre_rope:
-        if model is None or isinstance(model, ModelGeometry):
-            raise PreRopeError(
-                "pre_rope=True needs the model's GGUF (model=PATH; --model on the command line)",
-                field="model",
-            )
-        pre_rope_model = os.fspath(model)
-        dtype = "float32" if what == "values" and dtype is None else dtype
-    if what == "values" and dtype is None:
-        dtype = one_type(files, Path(out_dir), head_dim, geometry, rotation)
-    opts = _Options(
+    files, opts = _plan(
+        paths,
         Path(out_dir),
         what,
-        by,
-        tuple(partition_by),
+        partition_by,
         head_dim,
-        geometry,
+        model,
+        on_error,
+        by,
         dtype,
         rotation,
         hive,
-        pre_rope_model,
+        pre_rope,
+        storage_options,
     )
     rows: list[dict[str, Any]] = []
     bar = Progress(sum(_size(real) for real in files.values()), len(files), progress)

@@ -21,13 +21,12 @@ from typing import Any
 import polars as pl
 import ray
 
-from kvfast.dataset import Paths, expand
-from kvfast.export import ExportError, _check_layout, _export_one, _Options, _report, _size, _unique
+from kvfast.dataset import Paths
+from kvfast.export import ExportError, _export_one, _plan, _report, _size
 from kvfast.export_commit import Commit
 from kvfast.export_progress import Progress
-from kvfast.export_types import one_type
 from kvfast.model import ModelGeometry
-from kvfast.ray.plan import opening, where
+from kvfast.ray.plan import where
 from kvfast.rotation import Mode
 
 
@@ -59,25 +58,20 @@ def export(
     markers, options, report and errors. ``tasks``: states exported at once (default: the cluster's
     CPUs); ``ray_remote_args``: options of the tasks (``num_cpus``, ``memory``, a node label...).
     ``progress``: a bar of bytes of the states done, on the driver's stderr."""
-    if what not in ("values", "stats"):
-        raise ValueError(f"what must be 'values' or 'stats', not {what!r}")
-    if on_error not in ("fail", "skip"):
-        raise ValueError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
-    if dtype not in (None, "float32", "native"):
-        raise ValueError(f"dtype must be None, 'float32' or 'native', not {dtype!r}")
-    bad = set(partition_by) - {"cache", "layer", "kind"}
-    if bad:
-        raise ValueError(f"partition_by takes cache, layer and kind, not {sorted(bad)}")
-    files = _unique(expand(paths))
-    how = opening(head_dim, model, rotation, pre_rope)
-    out = Path(os.path.realpath(out_dir))
-    _check_layout(out)
-    if how.pre_rope_model is not None and what == "values" and dtype is None:
-        dtype = "float32"
-    if what == "values" and dtype is None:
-        dtype = one_type(files, out, head_dim, how.model, rotation)
-    opts = _Options(
-        out, what, by, tuple(partition_by), head_dim, how.model, dtype, rotation, hive, how.pre_rope_model
+    # the real path of the output: the workers may run elsewhere in the file system
+    files, opts = _plan(
+        paths,
+        Path(os.path.realpath(out_dir)),
+        what,
+        partition_by,
+        head_dim,
+        model,
+        on_error,
+        by,
+        dtype,
+        rotation,
+        hive,
+        pre_rope,
     )
     if not ray.is_initialized():
         ray.init()
