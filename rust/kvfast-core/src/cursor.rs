@@ -112,8 +112,8 @@ impl<'a> Cursor<'a> {
         self.pos == self.buf.len()
     }
 
-    /// Take `n` bytes, or fail naming `field`.
-    pub fn take(&mut self, n: u64, field: &str) -> Result<&'a [u8]> {
+    /// Fail naming `field` unless `n` bytes are left.
+    fn need(&self, n: u64, field: &str) -> Result<()> {
         let available = self.remaining() as u64;
         if n > available {
             return Err(Error::Truncated {
@@ -123,6 +123,12 @@ impl<'a> Cursor<'a> {
                 available,
             });
         }
+        Ok(())
+    }
+
+    /// Take `n` bytes, or fail naming `field`.
+    pub fn take(&mut self, n: u64, field: &str) -> Result<&'a [u8]> {
+        self.need(n, field)?;
         let start = self.pos;
         if let Some(p) = self.probe {
             if !p.sparse.is_filled(start as u64, n) {
@@ -140,15 +146,7 @@ impl<'a> Cursor<'a> {
 
     /// Step over `n` bytes (rows) without reading them, or fail naming `field`.
     pub fn skip(&mut self, n: u64, field: &str) -> Result<usize> {
-        let available = self.remaining() as u64;
-        if n > available {
-            return Err(Error::Truncated {
-                field: field.to_string(),
-                offset: self.pos as u64,
-                needed: n,
-                available,
-            });
-        }
+        self.need(n, field)?;
         let start = self.pos;
         self.pos += n as usize;
         Ok(start)
