@@ -209,12 +209,13 @@ pub fn decode(data: &[u8]) {
             let n_embd = inp.u16() as usize % 4096;
             let cells = inp.u16() as usize;
             let rows = inp.u8() as usize;
+            let first = inp.u16() as usize;
             let src = inp.rest();
             let mut dst = vec![0f32; rows * n_embd];
-            decode_transposed(ty, &src, cells, n_embd, &mut dst);
+            decode_transposed(ty, &src, (cells, first), n_embd, &mut dst);
             let el = [bb, 0, 1, 3][mode as usize / 4 % 4];
             let mut raw = vec![0u8; rows * n_embd * el];
-            transpose_bytes(&src, el, cells, n_embd, &mut raw);
+            transpose_bytes(&src, el, (cells, first), n_embd, &mut raw);
             let holds = |el: usize| {
                 el > 0
                     && n_embd > 0

@@ -118,17 +118,40 @@ def test_other_encodings_read_back_alike(
 
 
 def test_a_long_record_is_several_row_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # row groups of at most ~2,000 bytes of rows: each record of the fixture is several
-    monkeypatch.setattr(export_parquet, "SETTINGS", {**export_parquet.SETTINGS, "row_group_bytes": 2000})
+    # row groups of at most 300 bytes of values (a cell's 64 values are 128 bytes as f16, 256 as
+    # float32): each 7-cell record of the fixture is several, decoded a group at a time
+    monkeypatch.setattr(export_parquet, "SETTINGS", {**export_parquet.SETTINGS, "row_group_bytes": 300})
     kvfast.export([F16, Q8], tmp_path / "out", head_dim=32, dtype="native")
     for path in (F16, Q8):
         files = sorted((tmp_path / "out" / dump_id(path)).glob("*.parquet"))
         meta = pq.read_metadata(files[0])
-        assert meta.num_row_groups > 2  # K and V of the layer, each in several
+        # K and V of the layer, each in groups of 2 cells (f16) or 1 (float32)
+        assert meta.num_row_groups == (8 if path == F16 else 14)
         exp = want(path)
         assert_frame_equal(pl.read_parquet(files).sort(KEY), exp.sort(KEY))
         got = read_three(files)["duckdb"]
         np.testing.assert_array_equal(values_of(got).astype(np.float32), values_of(exp).astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    ("path", "dtype", "head_dim"),
+    [
+        (str(DATA / "qwen3tiny-f16-nofa/seq-0.bin"), "native", 32),  # V transposed, kept f16
+        (str(DATA / "qwen3tiny-f16-nofa/seq-0.bin"), "float32", 32),  # V transposed, decoded
+        (str(DATA / "qwen3hd128-q8_0-fa/seq-0.bin"), None, 128),  # q8_0 rotated back, a range at a time
+    ],
+)
+def test_records_decoded_a_range_of_cells_at_a_time_are_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str, dtype: str | None, head_dim: int
+) -> None:
+    monkeypatch.setattr(export_parquet, "SETTINGS", {**export_parquet.SETTINGS, "row_group_bytes": 1})
+    kvfast.export([path], tmp_path / "out", head_dim=head_dim, dtype=dtype)
+    files = sorted((tmp_path / "out" / dump_id(path)).glob("*.parquet"))
+    exp = want(path, None if dtype == "native" else dtype, head_dim)
+    cells = exp.select("cache", "stream", "layer", "kind", "cell").unique().height
+    # a row group per cell of each record
+    assert sum(pq.read_metadata(f).num_row_groups for f in files) == cells
+    assert_frame_equal(pl.read_parquet(files).sort(KEY), exp.sort(KEY))
 
 
 def test_a_partition_of_records_of_two_head_sizes_is_refused(tmp_path: Path) -> None:

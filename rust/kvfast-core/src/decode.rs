@@ -240,9 +240,16 @@ fn holds_transposed(src: &[u8], el: usize, cells: usize, n_embd: usize) -> bool 
 }
 
 /// Transpose element-major V (`n_embd` runs of `cells` elements of `el` bytes) into cell-major
-/// rows of the same bytes, in parallel. Rows `src` does not hold (cells past `cells`, or all of
-/// them when `src` is shorter than the runs) are 0xFF bytes: NaN in every float type.
-pub fn transpose_bytes(src: &[u8], el: usize, cells: usize, n_embd: usize, dst: &mut [u8]) {
+/// rows of the same bytes, cells `first..` (as many as `dst` holds), in parallel. Rows `src` does
+/// not hold (cells past `cells`, or all of them when `src` is shorter than the runs) are 0xFF
+/// bytes: NaN in every float type.
+pub fn transpose_bytes(
+    src: &[u8],
+    el: usize,
+    (cells, first): (usize, usize),
+    n_embd: usize,
+    dst: &mut [u8],
+) {
     if !holds_transposed(src, el, cells, n_embd) {
         dst.fill(0xFF);
         return;
@@ -251,9 +258,9 @@ pub fn transpose_bytes(src: &[u8], el: usize, cells: usize, n_embd: usize, dst: 
     dst.par_chunks_mut(per * n_embd * el)
         .enumerate()
         .for_each(|(t, o)| {
-            let c0 = t * per;
+            let c0 = first.saturating_add(t * per);
             for (ci, orow) in o.chunks_exact_mut(n_embd * el).enumerate() {
-                let c = c0 + ci;
+                let c = c0.saturating_add(ci);
                 if c >= cells {
                     orow.fill(0xFF);
                     continue;
@@ -266,9 +273,15 @@ pub fn transpose_bytes(src: &[u8], el: usize, cells: usize, n_embd: usize, dst: 
         });
 }
 
-/// Transpose element-major float V into cell-major f32 rows, in parallel. Rows `src` does not
-/// hold are NaN.
-pub fn decode_transposed(ty: GgmlType, src: &[u8], cells: usize, n_embd: usize, dst: &mut [f32]) {
+/// Transpose element-major float V into cell-major f32 rows, cells `first..` (as many as `dst`
+/// holds), in parallel. Rows `src` does not hold are NaN.
+pub fn decode_transposed(
+    ty: GgmlType,
+    src: &[u8],
+    (cells, first): (usize, usize),
+    n_embd: usize,
+    dst: &mut [f32],
+) {
     let el = ty.block_bytes();
     if !holds_transposed(src, el, cells, n_embd) {
         dst.fill(f32::NAN);
@@ -278,9 +291,9 @@ pub fn decode_transposed(ty: GgmlType, src: &[u8], cells: usize, n_embd: usize, 
     dst.par_chunks_mut(per * n_embd)
         .enumerate()
         .for_each(|(t, o)| {
-            let c0 = t * per;
+            let c0 = first.saturating_add(t * per);
             for (ci, orow) in o.chunks_exact_mut(n_embd).enumerate() {
-                let c = c0 + ci;
+                let c = c0.saturating_add(ci);
                 if c >= cells {
                     orow.fill(f32::NAN);
                     continue;
@@ -354,7 +367,7 @@ mod tests {
             .collect();
         // element-major: 2 elements x 3 cells
         let mut out = [0f32; 6];
-        decode_transposed(GgmlType::Bf16, &src, 3, 2, &mut out);
+        decode_transposed(GgmlType::Bf16, &src, (3, 0), 2, &mut out);
         assert_eq!(out, [1.5, 0.125, -2.25, 7.0, 3.0, -1.0]);
     }
 }

@@ -66,10 +66,12 @@ fn row_and_transpose_kernels_survive_any_geometry() {
                 let mut out = vec![0f32; rows * n.max(1)];
                 decode_rows(ty, &bytes, rb, n, 0, &mut out);
                 if ty.is_float() {
-                    decode_transposed(ty, &bytes, cells, n, &mut out);
+                    decode_transposed(ty, &bytes, (cells, 0), n, &mut out);
+                    decode_transposed(ty, &bytes, (cells, cells / 2), n, &mut out);
                     let mut raw = vec![0u8; out.len() * ty.block_bytes()];
-                    transpose_bytes(&bytes, ty.block_bytes(), cells, n, &mut raw);
-                    transpose_bytes(&bytes, 0, cells, n, &mut raw);
+                    transpose_bytes(&bytes, ty.block_bytes(), (cells, 0), n, &mut raw);
+                    transpose_bytes(&bytes, ty.block_bytes(), (cells, usize::MAX), n, &mut raw);
+                    transpose_bytes(&bytes, 0, (cells, 0), n, &mut raw);
                 }
             }
         }
@@ -85,14 +87,18 @@ fn transposed_rows_past_the_cells_are_nan() {
         .flat_map(|v| v.to_le_bytes())
         .collect();
     let mut out = vec![0f32; 8]; // four cells asked, three held
-    decode_transposed(ty, &src, 3, 2, &mut out);
+    decode_transposed(ty, &src, (3, 0), 2, &mut out);
     assert_eq!(&out[..6], &[1., 4., 2., 5., 3., 6.]);
     assert!(out[6..].iter().all(|v| v.is_nan()));
+    // from cell 1: cells 1 and 2, then the missing cell 3
+    decode_transposed(ty, &src, (3, 1), 2, &mut out[..6]);
+    assert_eq!(&out[..4], &[2., 5., 3., 6.]);
+    assert!(out[4..6].iter().all(|v| v.is_nan()));
     let mut raw = vec![0u8; 32];
-    transpose_bytes(&src, 4, 3, 2, &mut raw);
+    transpose_bytes(&src, 4, (3, 0), 2, &mut raw);
     assert_eq!(&raw[..4], &1f32.to_le_bytes());
     assert!(raw[24..].iter().all(|&b| b == 0xFF));
     // runs longer than the source: nothing read, all NaN
-    decode_transposed(ty, &src, 4, 2, &mut out);
+    decode_transposed(ty, &src, (4, 0), 2, &mut out);
     assert!(out.iter().all(|v| v.is_nan()));
 }

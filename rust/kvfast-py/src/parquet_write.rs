@@ -42,7 +42,7 @@ use rayon::prelude::*;
 
 use crate::errors::{Error, Result};
 use crate::state::{parse_kind, Geometry, PyState};
-use crate::table::{batches, TableRequest, VALUES};
+use crate::table::{each_batch, TableRequest, VALUES};
 
 /// How the values column is written (export's choice is the default; the benchmark tries others).
 #[derive(Clone, Copy, Debug)]
@@ -204,39 +204,40 @@ fn write_part(sh: &Shared<'_>, part: &Part) -> Result<(u64, Option<&'static str>
             model_layers: sh.geometry.model_layers.clone(),
             with_values: true,
         };
-        let (schema, batches) = batches(sh.sf, &req, sh.seq_default)?;
-        let o = match &mut out {
-            Some(o) => o,
-            None => out.insert(FileOut::new(
-                file.take().expect("one file"),
-                &sh.index,
-                &schema,
-                sh.settings,
-            )?),
-        };
-        if schema.field(VALUES).data_type() != &o.table_values {
-            // a usage error (ValueError), not the file's
-            return Err(Error::Python(PyValueError::new_err(format!(
-                "{}: the partition's records have values of different types or head sizes \
-                 ({} and {}): partition by kind too (partition_by=(\"layer\", \"kind\"))",
-                dest.display(),
-                o.table_values,
-                schema.field(VALUES).data_type()
-            ))));
-        }
-        for b in &batches {
-            // a row group per record, or per `row_group_bytes` of its rows: the encoded column
-            // held before it is written stays bounded beside the record
-            let row_bytes = b.get_array_memory_size() / b.num_rows().max(1);
-            let step = (sh.settings.row_group_bytes / row_bytes.max(1)).max(1);
-            let mut at = 0;
-            while at < b.num_rows() {
-                let part = b.slice(at, step.min(b.num_rows() - at));
-                rows += o.write(&part, sh).map_err(|e| os_error(dest, e))? as u64;
-                at += step;
-            }
-        }
-        drop(batches);
+        // a row group per record, or per `row_group_bytes` of its values, decoded a group at a
+        // time: what a worker holds is bounded by a row group, not a record
+        each_batch(
+            sh.sf,
+            &req,
+            sh.seq_default,
+            sh.settings.row_group_bytes,
+            |b| {
+                let o = match &mut out {
+                    Some(o) => o,
+                    None => out.insert(FileOut::new(
+                        file.take().expect("one file"),
+                        &sh.index,
+                        b.schema_ref(),
+                        sh.settings,
+                    )?),
+                };
+                if b.schema_ref().field(VALUES).data_type() != &o.table_values {
+                    // a usage error (ValueError), not the file's
+                    return Err(Error::Python(PyValueError::new_err(format!(
+                        "{}: the partition's records have values of different types or head \
+                         sizes ({} and {}): partition by kind too \
+                         (partition_by=(\"layer\", \"kind\"))",
+                        dest.display(),
+                        o.table_values,
+                        b.schema_ref().field(VALUES).data_type()
+                    ))));
+                }
+                if b.num_rows() > 0 {
+                    rows += o.write(&b, sh).map_err(|e| os_error(dest, e))? as u64;
+                }
+                Ok(())
+            },
+        )?;
         Python::attach(|py| sh.advance.call1(py, (rec.nbytes,)))?;
     }
     let o = out.expect("a record was written");

@@ -1,6 +1,7 @@
 //! The rows of one record as an Arrow buffer: a view of the map where the bytes allow it,
 //! else decoded (in parallel) into fresh memory.
 
+use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use kvfast_core::rope::CellRope;
 use kvfast_core::table_plan::{out_type, row_source, Dtype, Out, RowSource};
 use kvfast_core::{Record, State};
 
-/// `cells` rows of `n_embd` values of type `out`, cell-major.
+/// `cells` rows of `n_embd` values of type `out`, cell-major (the record's cells `first..`).
 pub struct Rows {
     pub buf: Buffer,
     pub out: Out,
@@ -21,7 +22,7 @@ pub struct Rows {
     pub zero_copy: bool,
 }
 
-/// `rec`'s `cells` rows as `dtype` asks, read in groups of `rotation` (0: as stored), as
+/// `rec`'s rows of the cells `span` (of its stream's `cells`) as `dtype` asks, read in groups of `rotation` (0: as stored), as
 /// kvfast-core's plan says (`out_type`, `row_source`): a view of the map where the bytes are the rows
 /// and their offset is aligned for the type, else decoded or transposed into fresh memory, in
 /// parallel.
@@ -29,6 +30,7 @@ pub fn record_rows(
     sf: &State,
     rec: &Record,
     cells: usize,
+    span: Range<usize>,
     dtype: Dtype,
     rotation: usize,
     rope: Option<CellRope>,
@@ -38,8 +40,18 @@ pub fn record_rows(
     // a RoPE to undo, as a rotation, makes the values f32 and decoded
     let transform = rotation.max(usize::from(rope.is_some()));
     let out = out_type(rec.ty, dtype, transform);
-    let src = &sf.bytes()[rec.data_offset as usize..(rec.data_offset + rec.data_len) as usize];
+    let all = &sf.bytes()[rec.data_offset as usize..(rec.data_offset + rec.data_len) as usize];
     let n_embd = rec.n_embd as usize;
+    let span = span.start.min(cells)..span.end.min(cells);
+    let n = span.len();
+    // the span's rows of a cell-major record (a transposed one's runs span all its cells)
+    let rb = rec.row_bytes as usize;
+    let src = if rec.transposed {
+        all
+    } else {
+        let end = span.end.saturating_mul(rb).min(all.len());
+        &all[span.start.saturating_mul(rb).min(end)..end]
+    };
     let (buf, zero_copy) = match row_source(rec, out, transform) {
         RowSource::View if src.is_empty() || (src.as_ptr() as usize) % out.size() != 0 => {
             // Not aligned for the value type (or nothing to view): copy into aligned memory.
@@ -55,22 +67,21 @@ pub fn record_rows(
             )
         }
         RowSource::Transpose => {
-            let mut m = fresh_bytes(src.len());
-            transpose_bytes(src, out.size(), cells, n_embd, &mut m);
+            let mut m = fresh_bytes(n * n_embd * out.size());
+            transpose_bytes(src, out.size(), (cells, span.start), n_embd, &mut m);
             (Buffer::from_vec(m), false)
         }
         RowSource::Decode => {
-            let mut v = fresh_f32(cells * n_embd);
-            let rb = rec.row_bytes as usize;
+            let mut v = fresh_f32(n * n_embd);
             decode_rows(rec.ty, src, rb, n_embd, rotation, &mut v);
             if let Some(r) = rope {
-                r.undo(0, n_embd, &mut v);
+                r.undo(span.start, n_embd, &mut v);
             }
             (Buffer::from_vec(v), false)
         }
         RowSource::DecodeTransposed => {
-            let mut v = fresh_f32(cells * n_embd);
-            decode_transposed(rec.ty, src, cells, n_embd, &mut v);
+            let mut v = fresh_f32(n * n_embd);
+            decode_transposed(rec.ty, src, (cells, span.start), n_embd, &mut v);
             (Buffer::from_vec(v), false)
         }
     };
@@ -78,7 +89,7 @@ pub fn record_rows(
         buf,
         out,
         n_embd,
-        cells,
+        cells: n,
         zero_copy,
     })
 }
@@ -93,14 +104,14 @@ mod tests {
     fn aligned_f16_rows_are_a_view_of_the_bytes() {
         let sf = state(2, 1, 8, GgmlType::F16);
         let rec = &sf.layout.caches[0].streams[0].layers[0].k;
-        let r = record_rows(&sf, rec, 2, Dtype::Stored, 0, None).unwrap();
+        let r = record_rows(&sf, rec, 2, 0..2, Dtype::Stored, 0, None).unwrap();
         assert_eq!((r.out, r.n_embd, r.cells), (Out::F16, 8, 2));
         let at = sf.bytes()[rec.data_offset as usize..].as_ptr();
         assert_eq!(r.zero_copy, (at as usize) % 2 == 0);
         if r.zero_copy {
             assert_eq!(r.buf.as_ptr(), at);
         }
-        let f = record_rows(&sf, rec, 2, Dtype::F32, 0, None).unwrap();
+        let f = record_rows(&sf, rec, 2, 0..2, Dtype::F32, 0, None).unwrap();
         assert!(!f.zero_copy);
         let vals: &[f32] = f.buf.typed_data();
         assert_eq!(vals[8 + 3], value(1, 0, "k", 3));
@@ -111,7 +122,7 @@ mod tests {
         let sf = state(1, 1, 32, GgmlType::Q8_0);
         let rec = &sf.layout.caches[0].streams[0].layers[0].k;
         assert_eq!(out_type(rec.ty, Dtype::Stored, 0), Out::F32);
-        let r = record_rows(&sf, rec, 1, Dtype::Stored, 0, None).unwrap();
+        let r = record_rows(&sf, rec, 1, 0..1, Dtype::Stored, 0, None).unwrap();
         assert!(!r.zero_copy);
         let vals: &[f32] = r.buf.typed_data();
         assert_eq!(vals[31], value(0, 0, "k", 31));

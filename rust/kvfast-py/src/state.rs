@@ -540,7 +540,7 @@ impl PyState {
         let st = &sf.layout.caches[cache].streams[stream];
         let rope =
             rope_of(&spec, cache as u32, layer as u32, kind).map(|rope| CellRope::of(rope, st));
-        let r = py.detach(|| record_rows(&sf, &rec, cells, dtype, rot, rope))?;
+        let r = py.detach(|| record_rows(&sf, &rec, cells, 0..cells, dtype, rot, rope))?;
         let name = if r.out == Out::F16 {
             "float16"
         } else {

@@ -55,6 +55,24 @@ pub fn batches(
     req: &TableRequest,
     seq_default: Option<i32>,
 ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    let mut out = Vec::new();
+    let schema = each_batch(sf, req, seq_default, usize::MAX, |b| {
+        out.push(b);
+        Ok(())
+    })?;
+    Ok((schema, out))
+}
+
+/// Hand `f` each selected record's rows in batches of at most `max_bytes` of values (at least a
+/// cell each), decoded a batch at a time: what is held is bounded by a batch, not a record.
+/// Returns the schema of the batches.
+pub fn each_batch(
+    sf: &State,
+    req: &TableRequest,
+    seq_default: Option<i32>,
+    max_bytes: usize,
+    mut f: impl FnMut(RecordBatch) -> Result<()>,
+) -> Result<SchemaRef> {
     let jobs = jobs(&sf.layout, &req.sel)?;
     let p = plan(&jobs, req.dtype)?;
     let full = schema(p.out, p.head_dim);
@@ -66,63 +84,82 @@ pub fn batches(
     } else {
         Arc::new(full.project(&(0..VALUES).collect::<Vec<_>>())?)
     };
-    let mut out = Vec::new();
     for job in &jobs {
-        let rows = if req.with_values {
-            let cells = job.stream.cell_count as usize;
-            Some(record_rows(
-                sf,
-                job.rec,
-                cells,
-                p.dtype,
-                job.rotation,
-                job.cell_rope(),
-            )?)
+        let cells = job.stream.cell_count as usize;
+        let (out, _) = p.rows(job);
+        let row_bytes = (job.rec.n_embd as usize).saturating_mul(out.size()).max(1);
+        let step = if req.with_values {
+            (max_bytes / row_bytes).max(1)
         } else {
-            None
+            usize::MAX
         };
         let model_layer = model_layer(&req.model_layers, job.cache, job.layer);
-        out.push(batch(
-            &schema,
-            job,
-            rows,
-            req.sel.heads.as_deref(),
-            seq_default,
-            model_layer,
-            (&item, p.head_dim),
-        )?);
+        let pairs = cell_seq_pairs(job.stream, seq_default, 0);
+        let mut at = 0usize;
+        // a record of no cells still gives its (empty) batch
+        loop {
+            let span = at..at.saturating_add(step).min(cells);
+            let rows = if req.with_values {
+                Some(record_rows(
+                    sf,
+                    job.rec,
+                    cells,
+                    span.clone(),
+                    p.dtype,
+                    job.rotation,
+                    job.cell_rope(),
+                )?)
+            } else {
+                None
+            };
+            // the pairs of the span's cells (in cell order)
+            let lo = pairs.partition_point(|(c, _)| *c < span.start);
+            let hi = pairs.partition_point(|(c, _)| *c < span.end);
+            f(batch(
+                &schema,
+                job,
+                rows,
+                (&pairs[lo..hi], span.start),
+                req.sel.heads.as_deref(),
+                model_layer,
+                (&item, p.head_dim),
+            )?)?;
+            at = span.end;
+            if at >= cells {
+                break;
+            }
+        }
     }
-    Ok((schema, out))
+    Ok(schema)
 }
 
 fn batch(
     schema: &SchemaRef,
     job: &Job,
     rows: Option<Rows>,
+    (pairs, first): (&[(usize, Option<i32>)], usize),
     heads: Option<&[u32]>,
-    seq_default: Option<i32>,
     model_layer: Option<i32>,
     (item, hd): (&FieldRef, usize),
 ) -> Result<RecordBatch> {
-    let s = job.stream;
     // rows of 0 values (LFM2's S) have no head, so no row in the table
     let n_heads = (job.rec.n_embd as usize).checked_div(hd).unwrap_or(0);
     let all_heads: Vec<u32> = (0..n_heads as u32).collect();
     let heads = heads.unwrap_or(&all_heads);
-    let pairs = cell_seq_pairs(s, seq_default, 0);
-    let (_, mut columns) = arrays(value_index(job, &pairs, heads, model_layer));
+    let (_, mut columns) = arrays(value_index(job, pairs, heads, model_layer));
     if let Some(rows) = rows {
-        columns.push(values(item, rows, &pairs, heads, hd)?);
+        columns.push(values(item, rows, (pairs, first), heads, hd)?);
     }
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
 
 /// The values of the selected (cell, sequence) pairs and heads, as a fixed-size list column: the
-/// record's own buffer when nothing is repeated or left out, else a gathered copy.
+/// rows' own buffer when nothing is repeated or left out, else a gathered copy. The rows are of the
+/// cells `first..`.
 fn values(
     item: &FieldRef,
     rows: Rows,
-    pairs: &[(usize, Option<i32>)],
+    (pairs, first): (&[(usize, Option<i32>)], usize),
     heads: &[u32],
     hd: usize,
 ) -> Result<ArrayRef> {
@@ -137,7 +174,7 @@ fn values(
         let src = rows.buf.as_slice();
         for (c, _) in pairs {
             for h in heads {
-                let start = (c * rows.n_embd + *h as usize * hd) * es;
+                let start = ((c - first) * rows.n_embd + *h as usize * hd) * es;
                 m.extend_from_slice(&src[start..start + hd * es]);
             }
         }
