@@ -1,6 +1,6 @@
 """kvfast.export's Parquet writer (issue 15): the files it writes in Rust are the value table for
 Polars, pyarrow and DuckDB alike (float16 values kept, bit for bit), one row group per record, and
-an export's memory is bounded by a record, not a state. The encodings the benchmark tries
+an export's memory is bounded by a row group (a record, or a range of its cells), not a state. The encodings the benchmark tries
 (BYTE_STREAM_SPLIT, no compression, small pages) read back the same."""
 
 import os
