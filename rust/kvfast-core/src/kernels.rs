@@ -268,8 +268,15 @@ mod x86 {
 
     /// Eight values at a time from a row.
     pub(super) trait Load: Copy {
+        /// Bytes a value.
+        const SIZE: usize;
+
         /// Values i..i + 8 as f32.
         unsafe fn load8(self, i: usize) -> __m256;
+
+        /// Ask for the cache line `ahead` bytes past value i (any address: a prefetch never
+        /// faults, and the pointer is never read).
+        fn prefetch(self, i: usize, ahead: usize);
 
         /// The offset from `base` of the first of values base..end (end - base a multiple of 8)
         /// whose magnitude is `target` (never NaN), or None.
@@ -296,6 +303,15 @@ mod x86 {
     pub(super) struct F16Ptr(pub *const u8);
 
     impl Load for F16Ptr {
+        const SIZE: usize = 2;
+
+        #[inline(always)]
+        fn prefetch(self, i: usize, ahead: usize) {
+            let p = self.0.wrapping_add(2 * i + ahead) as *const i8;
+            // SAFETY: SSE; a prefetch reads nothing.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p) }
+        }
+
         #[inline(always)]
         unsafe fn load8(self, i: usize) -> __m256 {
             // SAFETY: the caller keeps i + 8 within the row.
@@ -366,6 +382,15 @@ mod x86 {
     pub(super) struct F32Ptr(pub *const f32);
 
     impl Load for F32Ptr {
+        const SIZE: usize = 4;
+
+        #[inline(always)]
+        fn prefetch(self, i: usize, ahead: usize) {
+            let p = (self.0 as *const u8).wrapping_add(4 * i + ahead) as *const i8;
+            // SAFETY: SSE; a prefetch reads nothing.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p) }
+        }
+
         #[inline(always)]
         unsafe fn load8(self, i: usize) -> __m256 {
             // SAFETY: the caller keeps i + 8 within the row.
@@ -496,6 +521,8 @@ mod x86 {
         let (n, hd) = (acc.n, acc.head_dim);
         let (shift, s1, s2) = (acc.shift.as_ptr(), acc.s1.as_mut_ptr(), acc.s2.as_mut_ptr());
         let (lo, hi) = (acc.lo.as_mut_ptr(), acc.hi.as_mut_ptr());
+        // the rows two groups on (a record's rows follow each other)
+        let ahead = 2 * K * n * L::SIZE;
         for (h, e) in acc.l2.iter_mut().enumerate().take(n / hd) {
             let (base, end) = (h * hd, (h + 1) * hd);
             let mut q = [[_mm256_setzero_pd(); 2]; K];
@@ -513,6 +540,11 @@ mod x86 {
                         (_mm256_loadu_pd(s2.add(i)), _mm256_loadu_pd(s2.add(i + 4)));
                     let mut l = _mm256_loadu_ps(lo.add(i));
                     let mut g = _mm256_loadu_ps(hi.add(i));
+                    if (i * L::SIZE) % 64 == 0 {
+                        for r in &rows {
+                            r.prefetch(i, ahead);
+                        }
+                    }
                     for (r, q) in rows.iter().zip(q.iter_mut()) {
                         let v = r.load8(i);
                         l = _mm256_min_ps(v, l);
