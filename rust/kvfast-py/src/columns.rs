@@ -78,23 +78,27 @@ fn array(values: Values, valid: Option<Vec<bool>>) -> ArrayRef {
     }
 }
 
-fn field(c: &Column, a: &ArrayRef) -> Field {
-    match c.values {
-        Values::Kind(_) => kind_field(c.name),
-        _ => Field::new(c.name, a.data_type().clone(), c.nullable),
-    }
+/// A column as an array (its vectors moved, not copied) and its field.
+fn column(c: Column) -> (Field, ArrayRef) {
+    let Column {
+        name,
+        values,
+        valid,
+        nullable,
+    } = c;
+    let kind = matches!(values, Values::Kind(_));
+    let a = array(values, valid);
+    let f = if kind {
+        kind_field(name)
+    } else {
+        Field::new(name, a.data_type().clone(), nullable)
+    };
+    (f, a)
 }
 
 /// The arrays of a table, and its schema.
 pub fn arrays(t: Table) -> (Vec<Field>, Vec<ArrayRef>) {
-    let mut fields = vec![];
-    let mut arrays = vec![];
-    for c in t.columns {
-        let a = array(c.values.clone(), c.valid.clone());
-        fields.push(field(&c, &a));
-        arrays.push(a);
-    }
-    (fields, arrays)
+    t.columns.into_iter().map(column).unzip()
 }
 
 /// A table as one record batch.
