@@ -690,7 +690,13 @@ mod tests {
         let mut y = x.clone();
         y[17] = -3.5;
         y[40] = 3.5;
-        for x in [&x, &y] {
+        // an infinity after a tie of finite magnitudes; a head of NaN only; subnormals
+        let mut z = y.clone();
+        z[44] = f32::NEG_INFINITY;
+        z[..8].fill(f32::NAN);
+        z[9] = -f16::from_bits(1).to_f32();
+        z[12] = f16::from_bits(1).to_f32();
+        for x in [&x, &y, &z] {
             let bytes: Vec<u8> = x
                 .iter()
                 .flat_map(|v| f16::from_f32(*v).to_bits().to_le_bytes())
