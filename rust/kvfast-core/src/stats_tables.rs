@@ -2,6 +2,8 @@
 //! losses of a quantize round trip, as plain columns (kvfast-core's `columns`): the kernels of
 //! `stats` over the records `select` chooses, grouped and keyed here.
 
+use rayon::prelude::*;
+
 use crate::columns::{self, Keys, Table, Values};
 use crate::layer_map::model_layer;
 use crate::layout::{Kind, Layout};
@@ -50,22 +52,27 @@ pub enum TableError {
 /// the cells at positions >= `skip_first`; index columns, then l2, mean, std, min, max, absmax,
 /// argmax. No record: one table of no rows.
 pub fn cell_stats(p: &Pass, skip_first: i32) -> Result<Vec<Table>, TableError> {
-    let mut out = vec![];
-    for job in p.jobs()? {
-        let pairs = cell_seq_pairs(job.stream, p.layout().own_seq(), skip_first);
-        let cells: Vec<usize> = pairs.iter().map(|c| c.0).collect();
-        let stats = stats_of_cells(&p.sf.view(&job)?, &cells, job.head_dim);
-        let heads: Vec<u32> = (0..job.n_heads() as u32).collect();
-        let mut t = columns::value_index(&job, &pairs, &heads, p.model_layer(&job));
-        t.push("l2", Values::F64(stats.l2));
-        t.push("mean", Values::F64(stats.mean));
-        t.push("std", Values::F64(stats.std));
-        t.push("min", Values::F32(stats.min));
-        t.push("max", Values::F32(stats.max));
-        t.push("absmax", Values::F32(stats.absmax));
-        t.push("argmax", Values::U32(stats.argmax));
-        out.push(t);
-    }
+    // the records in parallel too: a record's index columns are built on one thread, so one
+    // record at a time would leave the other threads idle while they are
+    let mut out = p
+        .jobs()?
+        .par_iter()
+        .map(|job| -> Result<Table, TableError> {
+            let pairs = cell_seq_pairs(job.stream, p.layout().own_seq(), skip_first);
+            let cells: Vec<usize> = pairs.iter().map(|c| c.0).collect();
+            let stats = stats_of_cells(&p.sf.view(job)?, &cells, job.head_dim);
+            let heads: Vec<u32> = (0..job.n_heads() as u32).collect();
+            let mut t = columns::value_index(job, &pairs, &heads, p.model_layer(job));
+            t.push("l2", Values::F64(stats.l2));
+            t.push("mean", Values::F64(stats.mean));
+            t.push("std", Values::F64(stats.std));
+            t.push("min", Values::F32(stats.min));
+            t.push("max", Values::F32(stats.max));
+            t.push("absmax", Values::F32(stats.absmax));
+            t.push("argmax", Values::U32(stats.argmax));
+            Ok(t)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     if out.is_empty() {
         let mut t = columns::empty_value_index();
         for name in ["l2", "mean", "std"] {
@@ -161,14 +168,25 @@ pub fn aggregate(p: &Pass, skip_first: i32) -> Result<[Table; 3], TableError> {
         Aggregate::default(),
         Aggregate::default(),
     );
-    for group in grouped(p.jobs()?) {
+    let groups = grouped(p.jobs()?);
+    // the groups' sums in parallel too (each is parallel inside: a small record alone would
+    // leave threads idle), then the rows in order
+    let accs = groups
+        .par_iter()
+        .map(|group| -> Result<Accum, TableError> {
+            let j0 = &group[0];
+            let (hd, n) = (j0.head_dim, j0.rec.n_embd as usize);
+            let mut acc = Accum::new(n, n / hd);
+            for job in group {
+                let cells = cells_from(job.stream, skip_first);
+                acc.merge(&accumulate(&p.sf.view(job)?, &cells, hd));
+            }
+            Ok(acc)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for (group, acc) in groups.iter().zip(accs) {
         let j0 = &group[0];
-        let (hd, n) = (j0.head_dim, j0.rec.n_embd as usize);
-        let mut acc = Accum::new(n, n / hd);
-        for job in &group {
-            let cells = cells_from(job.stream, skip_first);
-            acc.merge(&accumulate(&p.sf.view(job)?, &cells, hd));
-        }
+        let hd = j0.head_dim;
         let ml = p.model_layer(j0);
         for (c, m) in acc.channels.iter().enumerate() {
             chan.key(j0, ml);
