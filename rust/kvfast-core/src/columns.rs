@@ -62,9 +62,9 @@ pub struct Table {
 }
 
 fn split<T: Default + Copy>(v: Vec<Option<T>>) -> (Vec<T>, Option<Vec<bool>>) {
-    let valid: Vec<bool> = v.iter().map(Option::is_some).collect();
+    // no validity at all where every entry is there (the usual case: no vector to build)
+    let valid = (!v.iter().all(Option::is_some)).then(|| v.iter().map(Option::is_some).collect());
     let values = v.into_iter().map(Option::unwrap_or_default).collect();
-    let valid = (!valid.iter().all(|b| *b)).then_some(valid);
     (values, valid)
 }
 
@@ -187,13 +187,13 @@ pub fn value_index(
         Vec::with_capacity(n),
         Vec::with_capacity(n),
     );
+    let heads16: Vec<u16> = heads.iter().map(|&h| h as u16).collect();
     for &(c, q) in pairs {
-        for &h in heads {
-            cell.push(c as u32);
-            pos.push(s.pos[c]);
-            sq.push(seq(q));
-            head.push(h as u16);
-        }
+        let k = heads.len();
+        cell.extend(std::iter::repeat_n(c as u32, k));
+        pos.extend(std::iter::repeat_n(s.pos[c], k));
+        sq.extend(std::iter::repeat_n(seq(q), k));
+        head.extend_from_slice(&heads16);
     }
     t.push("cell", Values::U32(cell));
     t.push("pos", Values::I32(pos));
