@@ -11,7 +11,7 @@ use crate::round_trip::RoundTrip;
 use crate::select::{cell_seq_pairs, cells_from, grouped, jobs, Job, PlanError, Selection};
 use crate::state::State;
 use crate::stats::{
-    accumulate, cell_stats as stats_of_cells, round_trip_loss, Accum, LossSums, Moments,
+    accumulate, cell_stats as stats_of_cells, round_trip_loss, Accum, CellStats, LossSums, Moments,
 };
 use crate::types::GgmlType;
 
@@ -63,28 +63,27 @@ pub fn cell_stats(p: &Pass, skip_first: i32) -> Result<Vec<Table>, TableError> {
             let stats = stats_of_cells(&p.sf.view(job)?, &cells, job.head_dim);
             let heads: Vec<u32> = (0..job.n_heads() as u32).collect();
             let mut t = columns::value_index(job, &pairs, &heads, p.model_layer(job));
-            t.push("l2", Values::F64(stats.l2));
-            t.push("mean", Values::F64(stats.mean));
-            t.push("std", Values::F64(stats.std));
-            t.push("min", Values::F32(stats.min));
-            t.push("max", Values::F32(stats.max));
-            t.push("absmax", Values::F32(stats.absmax));
-            t.push("argmax", Values::U32(stats.argmax));
+            push_cell_stats(&mut t, stats);
             Ok(t)
         })
         .collect::<Result<Vec<_>, _>>()?;
     if out.is_empty() {
         let mut t = columns::empty_value_index();
-        for name in ["l2", "mean", "std"] {
-            t.push(name, Values::F64(vec![]));
-        }
-        for name in ["min", "max", "absmax"] {
-            t.push(name, Values::F32(vec![]));
-        }
-        t.push("argmax", Values::U32(vec![]));
+        push_cell_stats(&mut t, CellStats::default());
         out.push(t);
     }
     Ok(out)
+}
+
+/// The l2, mean, std, min, max, absmax and argmax columns of per-(cell, head) statistics.
+fn push_cell_stats(t: &mut Table, stats: CellStats) {
+    t.push("l2", Values::F64(stats.l2));
+    t.push("mean", Values::F64(stats.mean));
+    t.push("std", Values::F64(stats.std));
+    t.push("min", Values::F32(stats.min));
+    t.push("max", Values::F32(stats.max));
+    t.push("absmax", Values::F32(stats.absmax));
+    t.push("argmax", Values::U32(stats.argmax));
 }
 
 /// count, mean, std, min, max, absmax columns.
