@@ -290,6 +290,30 @@ def _report(rows: list[dict[str, Any]]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema={**schema, "error": pl.String()})
 
 
+class _Outcomes:
+    """The report rows of one export as its states finish, in any order; the first state that
+    failed under ``on_error="fail"`` stops new states from starting."""
+
+    def __init__(self, files: dict[str, str], on_error: str) -> None:
+        self.order = {f: i for i, f in enumerate(files)}
+        self.on_error = on_error
+        self.rows: list[dict[str, Any]] = []
+        self.failed: dict[str, Any] | None = None
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if row["status"] == "failed" and self.on_error == "fail" and self.failed is None:
+            self.failed = row
+
+    def report(self) -> pl.DataFrame:
+        """The report in the order the states were given; raises :class:`ExportError` carrying it
+        when a state failed under ``on_error="fail"``."""
+        report = _report(sorted(self.rows, key=lambda r: self.order[r["path"]]))
+        if self.failed is not None:
+            raise ExportError(f"{self.failed['path']}: {self.failed['error']}", report)
+        return report
+
+
 def _size(path: str) -> int:
     try:
         return remote.info(path)["size"] if remote.is_url(path) else os.stat(path).st_size
@@ -409,28 +433,22 @@ def export(
         pre_rope,
         storage_options,
     )
-    rows: list[dict[str, Any]] = []
+    outcomes = _Outcomes(files, on_error)
     bar = Progress(sum(_size(real) for real in files.values()), len(files), progress)
-    failed: dict[str, Any] | None = None
     n_jobs = max(1, jobs or os.cpu_count() or 1)
     todo = iter(files.items())
     with Commit(opts.out) as commit, ThreadPoolExecutor(max_workers=n_jobs) as pool:
         running: set[Future[dict[str, Any]]] = set()
         while True:
             # no new state is started once one has failed with on_error="fail"
-            while failed is None and len(running) < n_jobs and (item := next(todo, None)) is not None:
+            while (
+                outcomes.failed is None and len(running) < n_jobs and (item := next(todo, None)) is not None
+            ):
                 running.add(pool.submit(_export_one, opts, commit, bar, *item))
             if not running:
                 break
             done, running = wait(running, return_when=FIRST_COMPLETED)
             for fut in done:
-                row = fut.result()
-                rows.append(row)
-                if row["status"] == "failed" and on_error == "fail" and failed is None:
-                    failed = row
+                outcomes.add(fut.result())
     bar.close()
-    order = {f: i for i, f in enumerate(files)}
-    report = _report(sorted(rows, key=lambda r: order[r["path"]]))
-    if failed is not None:
-        raise ExportError(f"{failed['path']}: {failed['error']}", report)
-    return report
+    return outcomes.report()

@@ -22,7 +22,7 @@ import polars as pl
 import ray
 
 from kvfast.dataset import Paths
-from kvfast.export import ExportError, _export_one, _plan, _report, _size
+from kvfast.export import _export_one, _Outcomes, _plan, _size
 from kvfast.export_commit import Commit
 from kvfast.export_progress import Progress
 from kvfast.model import ModelGeometry
@@ -80,31 +80,23 @@ def export(
     remote = ray.remote(_one).options(**{"num_cpus": 1, "max_retries": 2, **(ray_remote_args or {})})
     sizes = {f: _size(real) for f, real in files.items()}
     bar = Progress(sum(sizes.values()), len(files), progress)
-    rows: list[dict[str, Any]] = []
-    failed: dict[str, Any] | None = None
+    outcomes = _Outcomes(files, on_error)
     todo = iter(files.items())
     running: dict[Any, str] = {}
     while True:
         # no new state is started once one has failed with on_error="fail"
-        while failed is None and len(running) < n_jobs and (item := next(todo, None)) is not None:
+        while outcomes.failed is None and len(running) < n_jobs and (item := next(todo, None)) is not None:
             running[remote.remote(opts, where(item[0]), item[1])] = item[0]
         if not running:
             break
         done, _ = ray.wait(list(running), num_returns=1)
         for ref in done:
             path = running.pop(ref)
-            row = {**_result(ref, path, files[path]), "path": path}  # as given, as kvfast.export
-            rows.append(row)
+            outcomes.add({**_result(ref, path, files[path]), "path": path})  # as given, as kvfast.export
             bar.advance(sizes[path])
             bar.state_done()
-            if row["status"] == "failed" and on_error == "fail" and failed is None:
-                failed = row
     bar.close()
-    order = {f: i for i, f in enumerate(files)}
-    report = _report(sorted(rows, key=lambda r: order[r["path"]]))
-    if failed is not None:
-        raise ExportError(f"{failed['path']}: {failed['error']}", report)
-    return report
+    return outcomes.report()
 
 
 def _result(ref: Any, path: str, real: str) -> dict[str, Any]:
