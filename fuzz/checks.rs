@@ -254,7 +254,6 @@ pub fn decode(data: &[u8]) {
             };
             let v = RecordView::new(&src, &rec, cells).with_rotation(rotation);
             let mut out = vec![0f32; (c1 - c0) * n_embd];
-            v.populate(c0, c1);
             v.decode(c0, c1, &mut out);
             // A record whose bytes end early: cells past them are NaN.
             let short = RecordView {

@@ -218,7 +218,6 @@ pub fn decode_rows(
     dst.par_chunks_mut(per * n_embd)
         .zip(src.par_chunks(per * row_bytes))
         .for_each(|(o, s)| {
-            crate::pages::populate(s);
             for (orow, srow) in o.chunks_exact_mut(n_embd).zip(s.chunks_exact(row_bytes)) {
                 decode_row(ty, srow, orow);
                 if rotation > 0 {

@@ -21,7 +21,6 @@ pub mod layout;
 pub mod match_position;
 pub mod matching;
 pub mod moments;
-pub mod pages;
 pub mod quantize;
 pub mod records;
 pub mod recurrent;

@@ -63,7 +63,6 @@ pub fn cell_stats(v: &RecordView, cells: &[usize], head_dim: usize) -> CellStats
         .zip(cells.par_chunks(per))
         .for_each(
             |(((((((l2, mean), std), min), max), absmax), argmax), chunk)| {
-                populate_chunk(v, chunk);
                 let mut out = StatsOut {
                     at: 0,
                     l2,
@@ -142,16 +141,6 @@ fn stored_row<'a>(v: &RecordView<'a>, c: usize) -> Option<&'a [u8]> {
     v.data.get(s..s.checked_add(v.row_bytes)?)
 }
 
-/// Populate the pages of a chunk of (ascending or not) cells.
-fn populate_chunk(v: &RecordView, chunk: &[usize]) {
-    let (lo, hi) = chunk
-        .iter()
-        .fold((usize::MAX, 0), |(lo, hi), &c| (lo.min(c), hi.max(c)));
-    if lo <= hi {
-        v.populate(lo, hi);
-    }
-}
-
 /// Per-channel moments of a record over some cells, plus per-head sums of cell L2 norms.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Accum {
@@ -206,7 +195,6 @@ pub fn accumulate(v: &RecordView, cells: &[usize], head_dim: usize) -> Accum {
     cells
         .par_chunks(sub * 4)
         .map_init(Vec::new, |buf: &mut Vec<f32>, chunk| {
-            populate_chunk(v, chunk);
             let mut sums = ChannelSums::new(n, head_dim);
             if direct {
                 buf.clear();
@@ -303,14 +291,6 @@ pub fn compare(
     pairs
         .par_chunks(a.chunk_cells())
         .flat_map_iter(|chunk| {
-            let (a0, a1) = chunk
-                .iter()
-                .fold((usize::MAX, 0), |(lo, hi), p| (lo.min(p.0), hi.max(p.0)));
-            a.populate(a0, a1);
-            let (b0, b1) = chunk
-                .iter()
-                .fold((usize::MAX, 0), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
-            b.populate(b0, b1);
             let (mut ra, mut rb) = (vec![0f32; n], vec![0f32; n]);
             let mut out = Vec::with_capacity(chunk.len() * (n / head_dim));
             for &(ca, cb) in chunk {
@@ -339,7 +319,6 @@ pub fn round_trip_loss(
     cells
         .par_chunks(v.chunk_cells())
         .map(|chunk| {
-            populate_chunk(v, chunk);
             let (mut row, mut back) = (vec![0f32; n], vec![0f32; n]);
             let mut acc = vec![LossSums::default(); heads];
             for &c in chunk {

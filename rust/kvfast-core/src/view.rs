@@ -2,7 +2,6 @@
 
 use crate::decode::{decode_row, float_at};
 use crate::layout::Record;
-use crate::pages::populate;
 use crate::rope::CellRope;
 use crate::rotation::hadamard_groups;
 use crate::types::GgmlType;
@@ -56,21 +55,6 @@ impl<'a> RecordView<'a> {
     /// Cells per chunk: about 256 KiB of f32 values, so a chunk stays in cache.
     pub fn chunk_cells(&self) -> usize {
         (65_536 / self.n_embd.max(1)).max(1)
-    }
-
-    /// Map the pages of cells `c0..=c1` in one call (MADV_POPULATE_READ) instead of a page fault
-    /// per 4 KiB; a no-op where the kernel lacks it. Transposed records are populated whole.
-    pub fn populate(&self, c0: usize, c1: usize) {
-        let len = self.data.len();
-        let (start, end) = if self.transposed {
-            (0, len)
-        } else {
-            (
-                c0.saturating_mul(self.row_bytes),
-                c1.saturating_add(1).saturating_mul(self.row_bytes),
-            )
-        };
-        populate(self.data.get(start.min(len)..end.min(len)).unwrap_or(&[]));
     }
 
     /// Decode cells `c0..c1` into `out` (`(c1 - c0) * n_embd` values, cell-major), in the basis
