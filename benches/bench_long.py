@@ -147,6 +147,8 @@ def main() -> None:
     steps = [s for s in STEPS if s not in skip]
     results: dict[str, dict[str, dict[str, float]]] = {}
     failed: dict[str, str] = {}
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="kvfast-long-") as tmp:
         for ty in args.types.split(","):
             for tokens in (args.tokens // 2, args.tokens):
