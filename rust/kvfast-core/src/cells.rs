@@ -63,14 +63,11 @@ pub fn parse_cells(cur: &mut Cursor, at: &str, stream: &mut Stream) -> Result<()
 
 /// The cells of well-formed bytes, read straight from the slice (a state holds millions of cells;
 /// the walk reads them once per reading it tries): how many cells were read, and their bytes (the
-/// cells before the first that breaks a bound or is cut short).
+/// cells before the first that breaks a bound or is cut short). A cell is checked whole before
+/// anything of it is kept.
 fn fast_cells(b: &[u8], stream: &mut Stream) -> (usize, usize) {
     let n = stream.cell_count as usize;
     let width = stream.ext_width;
-    let word = |o: usize| -> Option<i32> {
-        let w = b.get(o..o + 4)?;
-        Some(i32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-    };
     stream.pos.reserve_exact(n);
     stream.seq_start.reserve_exact(n + 1);
     stream.seq_start.push(0);
@@ -79,22 +76,48 @@ fn fast_cells(b: &[u8], stream: &mut Stream) -> (usize, usize) {
     let mut o = 0usize;
     let mut i = 0usize;
     while i < n {
-        let (Some(pos), Some(n_seq)) = (word(o), word(o + 4)) else {
+        // most cells: no extension, one sequence (12 bytes)
+        if width == 0 {
+            if let Some(&[p0, p1, p2, p3, 1, 0, 0, 0, s0, s1, s2, s3]) =
+                b.get(o..).and_then(|r| r.first_chunk::<12>())
+            {
+                let pos = i32::from_le_bytes([p0, p1, p2, p3]);
+                let id = u32::from_le_bytes([s0, s1, s2, s3]);
+                if pos >= 0 && id < MAX_SEQ {
+                    stream.seq_ids.push(id as i32);
+                    stream.pos.push(pos);
+                    stream.seq_start.push(stream.seq_ids.len() as u32);
+                    o += 12;
+                    i += 1;
+                    continue;
+                }
+            }
+        }
+        let Some(head) = b.get(o..).and_then(|r| r.first_chunk::<8>()) else {
             break;
         };
-        let n_seq = n_seq as u32;
+        let [p0, p1, p2, p3, n0, n1, n2, n3] = *head;
+        let pos = i32::from_le_bytes([p0, p1, p2, p3]);
+        let n_seq = u32::from_le_bytes([n0, n1, n2, n3]);
+        if pos < 0 || n_seq > MAX_SEQ {
+            break;
+        }
+        // extension words, then the sequence ids
         let end = o + 8 + (width + n_seq as usize) * 4;
-        if pos < 0 || n_seq > MAX_SEQ || end > b.len() {
+        let Some(rest) = b.get(o + 8..end) else {
+            break;
+        };
+        let (ext_words, ids) = rest.split_at(width * 4);
+        if ids
+            .chunks_exact(4)
+            .any(|w| !(0..MAX_SEQ as i32).contains(&word(w)))
+        {
             break;
         }
-        let ids = (0..n_seq as usize).map(|k| word(o + 8 + (width + k) * 4).unwrap_or(-1));
-        if ids.clone().any(|id| id < 0 || id as u32 >= MAX_SEQ) {
-            break;
-        }
+        stream.seq_ids.extend(ids.chunks_exact(4).map(word));
         if let Some(ext) = ext.as_mut() {
-            ext.extend((0..width).map(|k| word(o + 8 + k * 4).unwrap_or(0)));
+            ext.extend(ext_words.chunks_exact(4).map(word));
         }
-        stream.seq_ids.extend(ids);
         stream.pos.push(pos);
         stream.seq_start.push(stream.seq_ids.len() as u32);
         o = end;
@@ -102,6 +125,12 @@ fn fast_cells(b: &[u8], stream: &mut Stream) -> (usize, usize) {
     }
     stream.ext = ext;
     (i, o)
+}
+
+/// A little-endian i32 of (the first) four bytes.
+#[inline(always)]
+fn word(w: &[u8]) -> i32 {
+    w.first_chunk::<4>().map_or(-1, |c| i32::from_le_bytes(*c))
 }
 
 /// Cells read field by field, failing with the field's name, offset and bound.
@@ -186,6 +215,31 @@ mod tests {
         assert_eq!(fast.seq_start, vec![0, 2, 2]);
         assert_eq!(fast.seq_ids, vec![0, 3]);
         assert_eq!(fast.ext, Some(vec![70, 71]));
+    }
+
+    #[test]
+    fn cells_of_one_sequence_and_others_mixed_read_alike() {
+        // no extension: one-sequence cells (the 12-byte path) around cells of two and of none
+        let b = words(&[5, 1, 0, 6, 2, 0, 3, 7, 0, 8, 1, 3]);
+        let (mut fast, mut checked) = (stream(4, 0), stream(4, 0));
+        let mut cur = Cursor::new(&b, 0);
+        parse_cells(&mut cur, "s", &mut fast).unwrap();
+        assert_eq!(cur.pos(), b.len());
+        checked.seq_start.push(0);
+        checked_cells(&mut Cursor::new(&b, 0), "s", &mut checked, 0).unwrap();
+        assert_eq!(fast, checked);
+        assert_eq!(fast.pos, vec![5, 6, 7, 8]);
+        assert_eq!(fast.seq_start, vec![0, 1, 3, 3, 4]);
+        assert_eq!(fast.seq_ids, vec![0, 0, 3, 3]);
+        // a one-sequence cell with a bad position or id is named, not read
+        for (bad, field) in [
+            ([5, 1, 0, -1, 1, 0], "cell 1 pos"),
+            ([5, 1, 0, 6, 1, 256], "cell 1 seq_id"),
+        ] {
+            let e = parse_cells(&mut Cursor::new(&words(&bad), 0), "s", &mut stream(2, 0));
+            let e = e.unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
     }
 
     #[test]
