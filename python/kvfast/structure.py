@@ -189,9 +189,7 @@ def _build_caches(raw: list[dict[str, Any]]) -> list[Cache]:
     for ci, c in enumerate(raw):
         if c.get("memory", "kv") != "kv":
             continue
-        streams = [
-            _stream(s, [Layer(**{k: ld[k] for k in _LAYER_KEYS}) for ld in s["layers"]]) for s in c["streams"]
-        ]
+        streams = [_stream(s, [_layer(ld) for ld in s["layers"]]) for s in c["streams"]]
         caches.append(Cache(index=ci, offset=c["offset"], streams=streams))
     return caches
 
@@ -210,4 +208,17 @@ def _build_recurrent(raw: list[dict[str, Any]]) -> Recurrent | None:
 
 
 _LAYER_KEYS = tuple(Layer.__dataclass_fields__)
+
+
+def _layer(ld: dict[str, Any]) -> Layer:
+    """A Layer of the binding's layer dict. Where the dict holds exactly the fields (as it does),
+    the frozen dataclass is filled without its ``__init__``, which sets each field through
+    ``object.__setattr__``: ten times slower, and open builds one per layer."""
+    if ld.keys() != Layer.__dataclass_fields__.keys():
+        return Layer(**{k: ld[k] for k in _LAYER_KEYS})
+    layer = object.__new__(Layer)
+    layer.__dict__.update(ld)
+    return layer
+
+
 _RECURRENT_KEYS = tuple(RecurrentLayer.__dataclass_fields__)

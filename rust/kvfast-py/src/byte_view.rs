@@ -73,6 +73,14 @@ impl ByteView {
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
 }
 
+impl From<Vec<i32>> for ByteView {
+    fn from(v: Vec<i32>) -> Self {
+        ByteView {
+            data: Buffer::from_vec(v),
+        }
+    }
+}
+
 /// Little-endian i32 values as a buffer.
 pub fn i32s(v: &[i32]) -> ByteView {
     ByteView {

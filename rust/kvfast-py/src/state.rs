@@ -10,8 +10,9 @@ use kvfast_core::rope::{rope_of, CellRope, RopeSpec};
 use kvfast_core::select::{jobs, Selection};
 use kvfast_core::table_plan::{out_type, Dtype, Out};
 use kvfast_core::{GgmlType, Kind, Record, State, WalkOptions};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::byte_view::{i32s, ByteView};
 use crate::columns::finish;
@@ -446,7 +447,7 @@ impl PyState {
                 d.set_item("cell_count", s.cell_count)?;
                 d.set_item("pos", i32s(&s.pos))?;
                 let starts: Vec<i32> = s.seq_start.iter().map(|x| *x as i32).collect();
-                d.set_item("seq_start", i32s(&starts))?;
+                d.set_item("seq_start", ByteView::from(starts))?;
                 d.set_item("seq_ids", i32s(&s.seq_ids))?;
                 d.set_item("ext", s.ext.as_ref().map(|e| i32s(e)))?;
                 d.set_item("ext_width", s.ext_width)?;
@@ -460,16 +461,17 @@ impl PyState {
                 };
                 for (li, l) in s.layers.iter().enumerate() {
                     let ld = PyDict::new(py);
-                    ld.set_item("index", li)?;
-                    ld.set_item("model_layer", model_layer(&map, ci as u32, li as u32))?;
+                    ld.set_item(intern!(py, "index"), li)?;
+                    let ml = model_layer(&map, ci as u32, li as u32);
+                    ld.set_item(intern!(py, "model_layer"), ml)?;
                     for kind in kinds {
                         let r = l.record(kind);
-                        let k = kind.name();
-                        ld.set_item(format!("{k}_type"), type_name(r.map(|r| r.ty)))?;
-                        ld.set_item(format!("n_embd_{k}"), r.map(|r| r.n_embd))?;
-                        ld.set_item(format!("{k}_offset"), r.map(|r| r.data_offset))?;
-                        ld.set_item(format!("{k}_nbytes"), r.map(|r| r.data_len))?;
-                        ld.set_item(format!("{k}_row_bytes"), r.map(|r| r.row_bytes))?;
+                        let [ty, n_embd, offset, nbytes, row_bytes] = record_keys(py, kind);
+                        ld.set_item(ty, type_name(r.map(|r| r.ty)))?;
+                        ld.set_item(n_embd, r.map(|r| r.n_embd))?;
+                        ld.set_item(offset, r.map(|r| r.data_offset))?;
+                        ld.set_item(nbytes, r.map(|r| r.data_len))?;
+                        ld.set_item(row_bytes, r.map(|r| r.row_bytes))?;
                     }
                     layers.append(ld)?;
                 }
@@ -617,6 +619,41 @@ impl PyState {
         }
         let (schema, batches) = py.detach(|| batches(&sf, &req, seq_default))?;
         Ok(ArrowStream { schema, batches })
+    }
+}
+
+/// A layer dict's keys of one kind's record: type, values per row, offset, bytes, row bytes
+/// (interned: open makes a dict per layer).
+fn record_keys(py: Python<'_>, kind: Kind) -> [&Bound<'_, PyString>; 5] {
+    match kind {
+        Kind::K => [
+            intern!(py, "k_type"),
+            intern!(py, "n_embd_k"),
+            intern!(py, "k_offset"),
+            intern!(py, "k_nbytes"),
+            intern!(py, "k_row_bytes"),
+        ],
+        Kind::V => [
+            intern!(py, "v_type"),
+            intern!(py, "n_embd_v"),
+            intern!(py, "v_offset"),
+            intern!(py, "v_nbytes"),
+            intern!(py, "v_row_bytes"),
+        ],
+        Kind::R => [
+            intern!(py, "r_type"),
+            intern!(py, "n_embd_r"),
+            intern!(py, "r_offset"),
+            intern!(py, "r_nbytes"),
+            intern!(py, "r_row_bytes"),
+        ],
+        Kind::S => [
+            intern!(py, "s_type"),
+            intern!(py, "n_embd_s"),
+            intern!(py, "s_offset"),
+            intern!(py, "s_nbytes"),
+            intern!(py, "s_row_bytes"),
+        ],
     }
 }
 
