@@ -625,35 +625,22 @@ impl PyState {
 /// A layer dict's keys of one kind's record: type, values per row, offset, bytes, row bytes
 /// (interned: open makes a dict per layer).
 fn record_keys(py: Python<'_>, kind: Kind) -> [&Bound<'_, PyString>; 5] {
+    macro_rules! keys {
+        ($k:literal) => {
+            [
+                intern!(py, concat!($k, "_type")),
+                intern!(py, concat!("n_embd_", $k)),
+                intern!(py, concat!($k, "_offset")),
+                intern!(py, concat!($k, "_nbytes")),
+                intern!(py, concat!($k, "_row_bytes")),
+            ]
+        };
+    }
     match kind {
-        Kind::K => [
-            intern!(py, "k_type"),
-            intern!(py, "n_embd_k"),
-            intern!(py, "k_offset"),
-            intern!(py, "k_nbytes"),
-            intern!(py, "k_row_bytes"),
-        ],
-        Kind::V => [
-            intern!(py, "v_type"),
-            intern!(py, "n_embd_v"),
-            intern!(py, "v_offset"),
-            intern!(py, "v_nbytes"),
-            intern!(py, "v_row_bytes"),
-        ],
-        Kind::R => [
-            intern!(py, "r_type"),
-            intern!(py, "n_embd_r"),
-            intern!(py, "r_offset"),
-            intern!(py, "r_nbytes"),
-            intern!(py, "r_row_bytes"),
-        ],
-        Kind::S => [
-            intern!(py, "s_type"),
-            intern!(py, "n_embd_s"),
-            intern!(py, "s_offset"),
-            intern!(py, "s_nbytes"),
-            intern!(py, "s_row_bytes"),
-        ],
+        Kind::K => keys!("k"),
+        Kind::V => keys!("v"),
+        Kind::R => keys!("r"),
+        Kind::S => keys!("s"),
     }
 }
 
