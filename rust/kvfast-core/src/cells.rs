@@ -76,23 +76,6 @@ fn fast_cells(b: &[u8], stream: &mut Stream) -> (usize, usize) {
     let mut o = 0usize;
     let mut i = 0usize;
     while i < n {
-        // most cells: no extension, one sequence (12 bytes)
-        if width == 0 {
-            if let Some(&[p0, p1, p2, p3, 1, 0, 0, 0, s0, s1, s2, s3]) =
-                b.get(o..).and_then(|r| r.first_chunk::<12>())
-            {
-                let pos = i32::from_le_bytes([p0, p1, p2, p3]);
-                let id = u32::from_le_bytes([s0, s1, s2, s3]);
-                if pos >= 0 && id < MAX_SEQ {
-                    stream.seq_ids.push(id as i32);
-                    stream.pos.push(pos);
-                    stream.seq_start.push(stream.seq_ids.len() as u32);
-                    o += 12;
-                    i += 1;
-                    continue;
-                }
-            }
-        }
         let Some(head) = b.get(o..).and_then(|r| r.first_chunk::<8>()) else {
             break;
         };
@@ -219,7 +202,7 @@ mod tests {
 
     #[test]
     fn cells_of_one_sequence_and_others_mixed_read_alike() {
-        // no extension: one-sequence cells (the 12-byte path) around cells of two and of none
+        // no extension: one-sequence cells around cells of two and of none
         let b = words(&[5, 1, 0, 6, 2, 0, 3, 7, 0, 8, 1, 3]);
         let (mut fast, mut checked) = (stream(4, 0), stream(4, 0));
         let mut cur = Cursor::new(&b, 0);

@@ -188,8 +188,8 @@ pub fn value_index(
         Vec::with_capacity(n),
     );
     let heads16: Vec<u16> = heads.iter().map(|&h| h as u16).collect();
+    let k = heads.len();
     for &(c, q) in pairs {
-        let k = heads.len();
         cell.extend(std::iter::repeat_n(c as u32, k));
         pos.extend(std::iter::repeat_n(s.pos[c], k));
         sq.extend(std::iter::repeat_n(seq(q), k));

@@ -83,7 +83,5 @@ impl From<Vec<i32>> for ByteView {
 
 /// Little-endian i32 values as a buffer.
 pub fn i32s(v: &[i32]) -> ByteView {
-    ByteView {
-        data: Buffer::from_vec(v.to_vec()),
-    }
+    ByteView::from(v.to_vec())
 }
