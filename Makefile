@@ -16,9 +16,10 @@ $(PY):
 
 # Build the extension (release) and install it with its test tools, matplotlib, Ray Data and
 # llama-cpp-python (built from source: about 6 minutes on 2 cores the first time, then pip's
-# wheel cache makes it instant on the same machine).
+# wheel cache makes it instant on the same machine); constraints.txt holds the packages pip would
+# otherwise backtrack through for tens of minutes.
 install: $(PY)
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) install -q '.[test,plot,probe,ray,s3]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) install -q -c constraints.txt '.[test,plot,probe,ray,s3]'
 
 # The whole test suite: Rust unit tests, lint and type checks, Python tests.
 test: install test-rust lint test-python
