@@ -25,6 +25,7 @@ __all__ = [
     "ggml_types",
     "gguf_metadata",
     "gguf_vocab",
+    "open",
     "quant_error",
     "quantize",
     "rotation_group",
@@ -93,20 +94,12 @@ class State:
         v_less: bool | None = None,
         recurrent: tuple[int, int] | None = None,
     ) -> State: ...
-    def set_geometry(
-        self,
-        head_dim_k: int | None = None,
-        head_dim_v: int | None = None,
-        model: dict[str, Any] | None = None,
-    ) -> None: ...
     @property
     def head_dims(self) -> tuple[int | None, int | None]: ...
     @property
     def model_layers(self) -> list[list[int] | None]: ...
     def records(self) -> ArrowStream: ...
-    def set_rotation(self, groups: list[list[int]]) -> None: ...
     def value_plan(self) -> tuple[str, list[int]] | None: ...
-    def set_rope(self, spec: list[list[dict[str, Any] | None]]) -> None: ...
     @property
     def rotation(self) -> list[list[int]]: ...
     def close(self) -> None: ...
@@ -131,6 +124,20 @@ class State:
         with_values: bool = True,
     ) -> ArrowStream: ...
 
+def open(
+    path: str | PathLike[str],
+    *,
+    size: int | None = None,
+    fetch: Callable[[list[tuple[int, int]]], list[bytes]] | None = None,
+    cell_ext: bool | None = None,
+    mmap: bool = True,
+    head_dim: int | None = None,
+    model: Any = None,
+    rotation: str = "auto",
+    hint: tuple[bool, str] | None = None,
+    pre_rope: bool = False,
+    rope: Callable[[int], dict[str, Any]] | None = None,
+) -> tuple[State, dict[str, Any]]: ...
 def gguf_metadata(path: str | PathLike[str]) -> dict[str, Any]: ...
 def ggml_types() -> dict[str, tuple[int, int, int, int]]: ...
 def attention_map(model: dict[str, Any], cache_layers: list[int]) -> list[list[int]]: ...

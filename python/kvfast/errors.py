@@ -44,6 +44,31 @@ class SelectionError(KvfastError, ValueError):
     field = None
 
 
+class RotationError(KvfastError, ValueError):
+    """``rotation='hadamard'`` where the group llama.cpp rotated in cannot be known (no head size)."""
+
+    kind = "rotation"
+    offset = None
+    field = None
+
+
+class RotationWarning(UserWarning):
+    """kvfast could not be sure whether, or in which group, a quantized cache is stored rotated."""
+
+
+class PreRopeError(KvfastError, ValueError):
+    """Keys before RoPE were asked for and cannot be given: no model, or a model whose RoPE kvfast
+    does not undo (``field`` names the GGUF key or argument)."""
+
+    kind = "pre_rope"
+    offset = None
+    field: str | None = None
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class RemoteError(KvfastError, OSError):
     """Object storage could not give a state's bytes: no such object or bucket, no credentials,
     access refused, an endpoint that does not answer (see :mod:`kvfast.remote`). An ``OSError``
@@ -65,7 +90,10 @@ __all__ = [
     "KvfastError",
     "ModelMismatchError",
     "NotFetchedError",
+    "PreRopeError",
     "RemoteError",
+    "RotationError",
+    "RotationWarning",
     "SelectionError",
     "TruncatedError",
     "UnsupportedVersionError",

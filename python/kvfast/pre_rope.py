@@ -34,8 +34,7 @@ import os
 from typing import Any
 
 from kvfast import _kvfast
-from kvfast.errors import KvfastError
-from kvfast.opened import OpenState
+from kvfast.errors import PreRopeError
 
 # llama_model_rope_type (src/llama-model.cpp), by GGUF arch name
 NORM = frozenset(
@@ -211,19 +210,6 @@ SWA_BASE_IS_GLOBAL = frozenset(
 )
 
 
-class PreRopeError(KvfastError, ValueError):
-    """Keys before RoPE were asked for and cannot be given: no model, or a model whose RoPE kvfast
-    does not undo (``field`` names the GGUF key or argument)."""
-
-    kind = "pre_rope"
-    offset = None
-    field: str | None = None
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
-
-
 def _number(meta: dict[str, Any], key: str, default: float) -> float:
     v = meta.get(key, default)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -310,33 +296,3 @@ def model_rope(path: str | os.PathLike[str], head_dim_k: int) -> dict[str, Any]:
     swa_base = _number(meta, k("rope.freq_base_swa"), base if arch in SWA_BASE_IS_GLOBAL else 10000.0)
     swa = {**glob, "freq_base": swa_base, "freq_scale": 1.0}
     return {"global": glob, "swa": swa}
-
-
-def apply(dump: OpenState, model_path: str | os.PathLike[str] | None, swa: tuple[bool, ...]) -> None:
-    """Make every value pass of ``dump`` read K before RoPE: per cache layer, the rope of its model
-    layer (the sliding-window base for sliding-window layers)."""
-    if model_path is None or dump.head_dim_k is None:
-        raise PreRopeError(
-            "pre_rope=True needs the model's GGUF (model=PATH; --model on the command line): the rope parameters"
-            " and head size are in its header",
-            field="model",
-        )
-    every = [ly for c in dump.caches for s in c.streams for ly in s.layers]
-    if every and all(ly.v_type is None for ly in every):
-        # deepseek2's K row is the latent, then the roped part (k_pe) last: not a head roped from
-        # its first values
-        raise PreRopeError(
-            "pre_rope: a V-less (MLA) cache's K row is the compressed latent, then the RoPE part;"
-            " kvfast does not undo that rope yet",
-            field="model",
-        )
-    rope = model_rope(model_path, dump.head_dim_k)
-    spec: list[list[dict[str, Any] | None]] = []
-    maps = dump._model_layers[: len(dump.caches)]  # the attention caches' (the recurrent part last)
-    for layers in maps:
-        if layers is None:
-            break
-        spec.append([rope["swa" if 0 <= ml < len(swa) and swa[ml] else "global"] for ml in layers])
-    if len(spec) < len(maps):
-        raise PreRopeError("pre_rope: the model's layer map of this state is not known", field="model")
-    dump._live().set_rope(spec)

@@ -24,10 +24,9 @@ import hashlib
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvfast import _kvfast
 from kvfast.errors import FileChangedError, RemoteError
 
 #: Options of fsspec's S3 file system (s3fs) when ``storage_options`` does not give them: timeouts
@@ -220,18 +219,12 @@ def info(url: str, storage_options: StorageOptions = None) -> dict[str, Any]:
     return _stamp(fs, path, url)
 
 
-def open_state(
-    url: str,
-    storage_options: StorageOptions = None,
-    cell_ext: bool | None = None,
-    v_less: bool | None = None,
-    recurrent: tuple[int, int] | None = None,
-) -> _kvfast.State:
-    """Walk the state at ``url``, fetching its metadata only (a few rounds of ranged requests)."""
+def source(url: str, storage_options: StorageOptions = None) -> tuple[int, Callable[[list[tuple[int, int]]], list[bytes]]]:
+    """The state at ``url`` as :func:`kvfast._kvfast.open` reads it: its size, and the callable
+    that fetches byte ranges of it (the object's version checked at each fetch)."""
     fs, path = filesystem(url, storage_options)
     stamp = _stamp(fs, path, url)
-    fetch = _Fetcher(url, fs, path, stamp)
-    return _kvfast.State.remote(stamp["size"], fetch, cell_ext=cell_ext, v_less=v_less, recurrent=recurrent)
+    return int(stamp["size"]), _Fetcher(url, fs, path, stamp)
 
 
 def expand(url: str, suffixes: set[str], storage_options: StorageOptions = None) -> list[str]:

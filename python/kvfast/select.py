@@ -81,20 +81,6 @@ def record(layer: Layer | RecurrentLayer, k: str) -> tuple[str, int | None]:
     return "none", None
 
 
-def check_rows(caches: list[Cache], head_dim_k: int | None, head_dim_v: int | None) -> None:
-    """Every K row splits into whole heads of `head_dim_k` values, every V row of `head_dim_v`."""
-    for c in caches:
-        for s in c.streams:
-            for ly in s.layers:
-                for k, hd in (("k", head_dim_k), ("v", head_dim_v)):
-                    n = record(ly, k)[1]
-                    if hd is not None and n is not None and n % hd:
-                        raise SelectionError(
-                            f"head_dim {hd} does not divide the {n} values per {k.upper()} row of"
-                            f" cache {c.index} layer {ly.index}"
-                        )
-
-
 def _unique(name: str, values: Iterable[Any]) -> list[Any]:
     out: list[Any] = []
     for v in values:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import warnings
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -15,13 +17,12 @@ from kvfast import _kvfast, analysis, probe_manifest, remote, select
 from kvfast import tokens as token_text
 from kvfast.address import Where, file_offset, locate, record_ref, tensor_offset
 from kvfast.analysis import By
-from kvfast.errors import ClosedError, ModelMismatchError, SelectionError
+from kvfast.errors import ClosedError, RotationWarning, SelectionError
 from kvfast.model import ModelGeometry
-from kvfast.pre_rope import apply as keys_before_rope
-from kvfast.rotation import BuildHint, Mode, Rotation
-from kvfast.rotation import plan as plan_rotation
+from kvfast.pre_rope import model_rope
+from kvfast.rotation import Mode, Rotation
 from kvfast.schema import INDEX
-from kvfast.structure import Cache, Recurrent, _build_caches, _build_recurrent, _i32
+from kvfast.structure import Cache, Recurrent, build_caches, build_recurrent, i32
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -51,7 +52,7 @@ class State:
         head_dim = select.head_dim(head_dim)
         #: Token pieces of the state's tokens, when a probe manifest beside it records them.
         self.pieces: list[str] | None = None
-        self._build_hint: BuildHint | None = None
+        hint: tuple[bool, str] | None = None
         if model is None and head_dim is None and not is_url:
             found = probe_manifest.recorded_for(self.path)
             if found is not None:
@@ -60,67 +61,46 @@ class State:
                     says = (
                         "rotates" if found.attn_rot else "does not rotate (or LLAMA_ATTN_ROT_DISABLE was set)"
                     )
-                    self._build_hint = BuildHint(
-                        found.attn_rot, f"probe manifest: the llama.cpp build {says}"
-                    )
+                    hint = (found.attn_rot, f"probe manifest: the llama.cpp build {says}")
         #: The GGUF file given as ``model`` (its vocabulary gives token pieces).
         self.model_path: str | None = None
         if model is not None and not isinstance(model, ModelGeometry):
             self.model_path = os.fspath(model)
             model = ModelGeometry.from_gguf(model)
         self.model: ModelGeometry | None = model
-        hints = {} if model is None else model.walk_hints()
-        self._state: _kvfast.State | None
-        if is_url:
-            self._state = remote.open_state(
-                self.path,
-                storage_options,
-                cell_ext=cell_ext,
-                v_less=hints.get("v_less"),
-                recurrent=hints.get("recurrent"),
-            )
-        else:
-            self._state = _kvfast.State(
-                remote.local_path(self.path),
-                cell_ext=cell_ext,
-                mmap=mmap,
-                v_less=hints.get("v_less"),
-                recurrent=hints.get("recurrent"),
-            )
-        info = self._state.info()
+        model_path = self.model_path
+        rope = None if model_path is None else functools.partial(model_rope, model_path)
+        size, fetch = remote.source(self.path, storage_options) if is_url else (None, None)
+        # one call: kvfast-core walks the bytes and decides the geometry, the model-layer map, the
+        # model's fit, the rotation (a sample of rows) and the RoPE to undo
+        self._state, info = _kvfast.open(
+            self.path if is_url else remote.local_path(self.path),
+            size=size,
+            fetch=fetch,
+            cell_ext=cell_ext,
+            mmap=mmap,
+            head_dim=head_dim,
+            model=model,
+            rotation=rotation,
+            hint=hint,
+            pre_rope=pre_rope,
+            rope=rope,
+        )
         self._info = info
-        self.head_dim_k = self.head_dim_v = head_dim
-        if model is not None:
-            self.head_dim_k = model.head_dim_k or None  # 0: no attention layer
-            self.head_dim_v = model.head_dim_v or None
-        try:
-            # kvfast-core maps the caches' layers to the model's (from the bytes without a model)
-            self._state.set_geometry(
-                self.head_dim_k, self.head_dim_v, None if model is None else model.layers()
-            )
-        except ValueError as e:
-            raise ModelMismatchError(str(e)) from None
+        self.head_dim_k, self.head_dim_v = info["head_dims"]
         #: Per cache (the recurrent part last), the model layer of each cache layer (None: not known).
-        self._model_layers: list[list[int] | None] = self._state.model_layers
+        self._model_layers: list[list[int] | None] = info["model_layers"]
         # the walk's caches, each layer with its model layer (the recurrent part, if any, is last)
-        every = self._state.caches()
+        every = info["caches"]
         raw = [c for c in every if c["memory"] == "kv"]
         rec_raw = next((c for c in every if c["memory"] == "recurrent"), None)
-        if model is not None:
-            self._check_model(model, raw, head_dim)
-        self._caches = _build_caches(raw)
-        self._recurrent = None if rec_raw is None else _build_recurrent([*raw, rec_raw])
-        select.check_rows(self._caches, self.head_dim_k, self.head_dim_v)
-        heads = (self.head_dim_k, self.head_dim_v)
-        self._rotation = plan_rotation(self._state, self._caches, info, heads, rotation, self._build_hint)
-        groups = [[0, 0] for _ in self._caches]
-        for r in self._rotation:
-            groups[r.cache][r.kind == "v"] = r.group or 0
-        self._state.set_rotation(groups)
+        self._caches = build_caches(raw)
+        self._recurrent = None if rec_raw is None else build_recurrent([*raw, rec_raw])
+        self._rotation = [Rotation(**r) for r in info["rotation"]]
+        if info["rotation_warning"] is not None:
+            warnings.warn(info["rotation_warning"], RotationWarning, stacklevel=3)
         #: Whether K values are read before RoPE (``pre_rope=True``; see :mod:`kvfast.pre_rope`).
         self.pre_rope = pre_rope
-        if pre_rope:
-            keys_before_rope(self, self.model_path, self.model.swa if self.model else ())
 
     @property
     def recurrent(self) -> Recurrent | None:
@@ -129,22 +109,6 @@ class State:
         ``"r"`` and ``"s"`` of :meth:`values`, :meth:`to_polars` and :meth:`stats`."""
         self._live()
         return self._recurrent
-
-    def _check_model(self, model: ModelGeometry, raw: list[dict[str, Any]], head_dim: int | None) -> None:
-        if head_dim is not None and head_dim != model.head_dim_k:
-            raise ModelMismatchError(f"head_dim={head_dim} but the model's key_length is {model.head_dim_k}")
-        for c_raw in raw:
-            for s in c_raw["streams"]:
-                for ld in s["layers"]:
-                    ml = ld["model_layer"]
-                    n = model.n_head_kv[ml]
-                    for kind, dim in (("k", model.head_dim_k), ("v", model.head_dim_v)):
-                        have = ld[f"n_embd_{kind}"]
-                        if have is not None and have != n * dim:
-                            raise ModelMismatchError(
-                                f"model layer {ml}: the model has {n} KV heads x {dim} = {n * dim} values"
-                                f" per {kind.upper()} row, the state has {have}"
-                            )
 
     # -- lifecycle -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -243,7 +207,7 @@ class State:
     def tokens(self) -> npt.NDArray[np.int32] | None:
         """Token ids stored by GGSQ and GGSN files."""
         t = self._get("tokens")
-        return None if t is None else _i32(t)
+        return None if t is None else i32(t)
 
     @property
     def vocabulary(self) -> list[str] | None:
@@ -301,7 +265,7 @@ class State:
         """Which batch positions the stored logits belong to (GGSN 9)."""
         self._live()
         p = self._info.get("output_pos")
-        return None if p is None else _i32(p)
+        return None if p is None else i32(p)
 
     @property
     def cell_ext(self) -> bool:

@@ -161,7 +161,7 @@ class Recurrent:
         )
 
 
-def _i32(buf: _kvfast.ByteView) -> npt.NDArray[np.int32]:
+def i32(buf: _kvfast.ByteView) -> npt.NDArray[np.int32]:
     # a read-only view of the binding's buffer: no copy, no object per cell
     return np.frombuffer(memoryview(buf), dtype=np.dtype("<i4")).view(np.int32)
 
@@ -169,21 +169,21 @@ def _i32(buf: _kvfast.ByteView) -> npt.NDArray[np.int32]:
 def _stream(s: dict[str, Any], layers: list[Layer]) -> Stream:
     ext = None
     if s["ext"] is not None:
-        ext = _i32(s["ext"]).reshape(-1, s["ext_width"])
+        ext = i32(s["ext"]).reshape(-1, s["ext_width"])
     return Stream(
         index=s["index"],
         offset=s["offset"],
         cell_count=s["cell_count"],
-        pos=_i32(s["pos"]),
-        seq_id_starts=_i32(s["seq_start"]),
-        seq_id_values=_i32(s["seq_ids"]),
+        pos=i32(s["pos"]),
+        seq_id_starts=i32(s["seq_start"]),
+        seq_id_values=i32(s["seq_ids"]),
         ext=ext,
         v_trans=s["v_trans"],
         layers=layers,
     )
 
 
-def _build_caches(raw: list[dict[str, Any]]) -> list[Cache]:
+def build_caches(raw: list[dict[str, Any]]) -> list[Cache]:
     """The attention caches of the binding's cache dicts (the recurrent part is left out)."""
     caches = []
     for ci, c in enumerate(raw):
@@ -194,7 +194,7 @@ def _build_caches(raw: list[dict[str, Any]]) -> list[Cache]:
     return caches
 
 
-def _build_recurrent(raw: list[dict[str, Any]]) -> Recurrent | None:
+def build_recurrent(raw: list[dict[str, Any]]) -> Recurrent | None:
     """The recurrent part of the binding's cache dicts, if the state has one."""
     for ci, c in enumerate(raw):
         if c.get("memory") != "recurrent":

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use kvfast_core::matching::Mismatch;
+use kvfast_core::open::OpenError;
 use kvfast_core::select::PlanError;
 use kvfast_core::GgmlType;
 use pyo3::create_exception;
@@ -26,6 +27,9 @@ pub enum Error {
     /// Two states that cannot be compared (kvfast.compare makes it a MatchError).
     #[error(transparent)]
     Mismatch(#[from] Mismatch),
+    /// A state that cannot be opened as asked (its model, head size, rotation or RoPE).
+    #[error(transparent)]
+    Open(#[from] OpenError),
     #[error("the state is closed")]
     Closed,
     #[error("the state holds no cells")]
@@ -114,6 +118,7 @@ impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         match e {
             Error::Core(e) => core_to_py(e),
+            Error::Open(e) => open_to_py(e),
             Error::Python(e) => e,
             other => PyValueError::new_err(other.to_string()),
         }
@@ -237,6 +242,41 @@ fn core_to_py(e: kvfast_core::Error) -> PyErr {
         }
     });
     err
+}
+
+/// An exception of `kvfast.errors` (the classes defined in Python), with `field` set if given.
+fn kvfast_error(name: &str, message: String, field: Option<String>) -> PyErr {
+    Python::attach(|py| {
+        let made = py
+            .import("kvfast.errors")
+            .and_then(|m| m.getattr(name))
+            .and_then(|cls| cls.call1((message.clone(),)));
+        match made {
+            Ok(v) => {
+                if field.is_some() {
+                    let _ = v.setattr("field", field);
+                }
+                PyErr::from_value(v)
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+/// Convert an open error: the bytes' errors as [`core_to_py`] does, every other to its class.
+fn open_to_py(e: OpenError) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        OpenError::Read(e) => core_to_py(e),
+        OpenError::Map(_) | OpenError::Model(_) => kvfast_error("ModelMismatchError", msg, None),
+        OpenError::Selection(_) => kvfast_error("SelectionError", msg, None),
+        OpenError::Rotation(_) => kvfast_error("RotationError", msg, None),
+        OpenError::Rope { field, .. } => kvfast_error("PreRopeError", msg, field),
+        OpenError::Other(inner) => match inner.downcast::<PyErr>() {
+            Ok(py_err) => *py_err,
+            Err(other) => PyValueError::new_err(other.to_string()),
+        },
+    }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -6,6 +6,7 @@ mod columns;
 mod compare_modes;
 mod errors;
 mod model;
+mod open;
 mod parquet_write;
 mod remote;
 mod rope_args;
@@ -25,6 +26,7 @@ use pyo3::prelude::*;
 fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<state::PyState>()?;
+    m.add_function(wrap_pyfunction!(open::open, m)?)?;
     m.add_class::<byte_view::ByteView>()?;
     m.add_class::<stream::ArrowStream>()?;
     m.add_function(wrap_pyfunction!(model::gguf_metadata, m)?)?;
