@@ -13,7 +13,7 @@ use arrow_array::{
 };
 use arrow_buffer::{NullBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use kvfast_core::columns::{Column, Table, Values};
+use kvfast_core::plan::columns::{Column, Table, Values};
 use kvfast_core::Kind;
 
 use crate::stream::ArrowStream;

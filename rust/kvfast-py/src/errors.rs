@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use kvfast_core::matching::Mismatch;
-use kvfast_core::select::PlanError;
+use kvfast_core::compare::matching::Mismatch;
+use kvfast_core::plan::select::PlanError;
 use kvfast_core::GgmlType;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyOSError, PyValueError};
@@ -22,7 +22,7 @@ pub enum Error {
     Plan(#[from] PlanError),
     /// A model whose layers do not fit the state's caches (kvfast makes it a ModelMismatchError).
     #[error(transparent)]
-    Map(#[from] kvfast_core::layer_map::MapError),
+    Map(#[from] kvfast_core::model::layer_map::MapError),
     /// Two states that cannot be compared (kvfast.compare makes it a MatchError).
     #[error(transparent)]
     Mismatch(#[from] Mismatch),
@@ -83,7 +83,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// "f32, f16, ..., q5_1 or iq4_nl": every type a cache can hold.
 fn type_names() -> String {
-    let names: Vec<&str> = kvfast_core::types::ALL_TYPES
+    let names: Vec<&str> = kvfast_core::format::types::ALL_TYPES
         .iter()
         .map(|t| t.name())
         .collect();
@@ -93,9 +93,9 @@ fn type_names() -> String {
     }
 }
 
-impl From<kvfast_core::stats_tables::TableError> for Error {
-    fn from(e: kvfast_core::stats_tables::TableError) -> Self {
-        use kvfast_core::stats_tables::TableError as E;
+impl From<kvfast_core::stats::tables::TableError> for Error {
+    fn from(e: kvfast_core::stats::tables::TableError) -> Self {
+        use kvfast_core::stats::tables::TableError as E;
         match e {
             E::Plan(p) => Error::Plan(p),
             E::Core(c) => Error::Core(c),

@@ -23,8 +23,8 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
-use kvfast_core::select::{jobs, Selection};
-use kvfast_core::table_plan::{out_type, Dtype, Out};
+use kvfast_core::plan::select::{jobs, Selection};
+use kvfast_core::plan::table_plan::{out_type, Dtype, Out};
 use kvfast_core::State;
 use parquet::arrow::arrow_writer::{compute_leaves, ArrowRowGroupWriterFactory};
 use parquet::arrow::{add_encoded_arrow_schema_to_metadata, ArrowSchemaConverter};

@@ -1,7 +1,7 @@
 //! The RoPE parameters Python passes to `State.set_rope` (kvfast.pre_rope reads them from the
 //! model's GGUF header), checked against the state's K rows.
 
-use kvfast_core::rope::{Rope, RopeSpec};
+use kvfast_core::values::rope::{Rope, RopeSpec};
 use kvfast_core::State;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -6,10 +6,10 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use arrow_buffer::Buffer;
-use kvfast_core::alloc::{fresh_bytes, fresh_f32};
-use kvfast_core::decode::{decode_rows, decode_transposed, transpose_bytes};
-use kvfast_core::rope::CellRope;
-use kvfast_core::table_plan::{out_type, row_source, Dtype, Out, RowSource};
+use kvfast_core::plan::table_plan::{out_type, row_source, Dtype, Out, RowSource};
+use kvfast_core::values::alloc::{fresh_bytes, fresh_f32};
+use kvfast_core::values::decode::{decode_rows, decode_transposed, transpose_bytes};
+use kvfast_core::values::rope::CellRope;
 use kvfast_core::{Record, State};
 
 /// `cells` rows of `n_embd` values of type `out`, cell-major (the record's cells `first..`).

@@ -3,12 +3,12 @@
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use kvfast_core::layer_map::{layer_map, model_layer, LayerMap, ModelLayers};
-use kvfast_core::records::{records, records_table};
-use kvfast_core::recurrent::RecurrentHint;
-use kvfast_core::rope::{rope_of, CellRope, RopeSpec};
-use kvfast_core::select::{jobs, Selection};
-use kvfast_core::table_plan::{out_type, Dtype, Out};
+use kvfast_core::format::recurrent::RecurrentHint;
+use kvfast_core::model::layer_map::{layer_map, model_layer, LayerMap, ModelLayers};
+use kvfast_core::plan::records::{records, records_table};
+use kvfast_core::plan::select::{jobs, Selection};
+use kvfast_core::plan::table_plan::{out_type, Dtype, Out};
+use kvfast_core::values::rope::{rope_of, CellRope, RopeSpec};
 use kvfast_core::{GgmlType, Kind, Record, State, WalkOptions};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -290,7 +290,7 @@ impl PyState {
                 if n == 0 {
                     continue;
                 }
-                if n < kvfast_core::rotation::MIN_GROUP || !n.is_power_of_two() {
+                if n < kvfast_core::values::rotation::MIN_GROUP || !n.is_power_of_two() {
                     return Err(Error::RotationGroup {
                         group: n,
                         cache: ci,
@@ -394,7 +394,7 @@ impl PyState {
         d.set_item("ext_bytes", l.ext_bytes)?;
         d.set_item("features", l.features.clone())?;
         d.set_item("tokens", l.tokens.as_ref().map(|t| i32s(t)))?;
-        let (era, evidence) = kvfast_core::rotation::era(l);
+        let (era, evidence) = kvfast_core::values::rotation::era(l);
         d.set_item("era", era.name())?;
         d.set_item("era_evidence", evidence)?;
         if let Some(st) = &l.server_tokens {
@@ -482,7 +482,7 @@ impl PyState {
             cd.set_item("offset", c.offset)?;
             cd.set_item("has_n_stream", c.has_n_stream)?;
             cd.set_item("memory", c.memory.name())?;
-            if let kvfast_core::layout::Memory::Recurrent { n_layer } = c.memory {
+            if let kvfast_core::format::layout::Memory::Recurrent { n_layer } = c.memory {
                 cd.set_item("n_layer", n_layer)?;
             }
             cd.set_item("streams", streams)?;

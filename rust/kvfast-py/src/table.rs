@@ -7,10 +7,10 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, FixedSizeListArray, Float16Array, Float32Array, RecordBatch};
 use arrow_buffer::{Buffer, MutableBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
-use kvfast_core::columns::{empty_value_index, value_index};
-use kvfast_core::layer_map::{model_layer, LayerMap};
-use kvfast_core::select::{cell_seq_pairs, jobs, Job, Selection};
-use kvfast_core::table_plan::{plan, Dtype, Out};
+use kvfast_core::model::layer_map::{model_layer, LayerMap};
+use kvfast_core::plan::columns::{empty_value_index, value_index};
+use kvfast_core::plan::select::{cell_seq_pairs, jobs, Job, Selection};
+use kvfast_core::plan::table_plan::{plan, Dtype, Out};
 use kvfast_core::State;
 
 use crate::columns::arrays;
