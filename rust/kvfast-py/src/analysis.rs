@@ -175,7 +175,7 @@ pub(crate) fn compare_matched(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::state;
+    use kvfast_arrow::testing::state;
 
     #[test]
     fn an_empty_selection_gives_every_column_and_no_row() {
@@ -215,7 +215,7 @@ mod tests {
         let t = cell_tables(&p, 1).unwrap();
         assert_eq!(t.len(), 4); // K, V of 2 layers
         assert_eq!(t[0].rows(), 2); // cells at positions >= 1
-        let b = crate::columns::batch(t[1].clone());
+        let b = kvfast_arrow::columns::batch(t[1].clone());
         assert_eq!(
             b.schema().field(2).data_type(),
             &arrow_schema::DataType::UInt16

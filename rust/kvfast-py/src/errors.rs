@@ -1,6 +1,7 @@
 //! The binding's errors, and the one place they become Python exceptions: core errors keep their
-//! KvfastError subclass (field, offset and kind as attributes) or OSError; every other error is a
-//! usage error, raised as ValueError.
+//! KvfastError subclass (field, offset and kind as attributes) or OSError; kvfast-arrow's are the
+//! core's, OSError for a Parquet file's, or usage errors; every other error is a usage error,
+//! raised as ValueError.
 
 use std::path::Path;
 
@@ -17,6 +18,10 @@ pub enum Error {
     /// Reading the state or a model: a KvfastError subclass, or OSError with the path.
     #[error(transparent)]
     Core(#[from] kvfast_core::Error),
+    /// Building Arrow tables or writing Parquet: the core's errors as above, a Parquet file's as
+    /// OSError, the others usage errors.
+    #[error(transparent)]
+    Tables(#[from] kvfast_arrow::Error),
     /// The selection does not fit the state (head sizes, heads, a type's blocks).
     #[error(transparent)]
     Plan(#[from] PlanError),
@@ -114,6 +119,7 @@ impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         match e {
             Error::Core(e) => core_to_py(e),
+            Error::Tables(e) => arrow_to_py(e),
             Error::Python(e) => e,
             other => PyValueError::new_err(other.to_string()),
         }
@@ -194,6 +200,19 @@ mod libc_errno {
     pub const EACCES: i32 = 13;
     pub const EISDIR: i32 = 21;
     pub const EINVAL: i32 = 22;
+}
+
+/// Convert a kvfast-arrow error: the core's as the core's, a Parquet file's (making, writing,
+/// closing it; the writer's settings) OSError, the others ValueError.
+fn arrow_to_py(e: kvfast_arrow::Error) -> PyErr {
+    use kvfast_arrow::Error as E;
+    match e {
+        E::Core(c) => core_to_py(c),
+        e @ (E::Write { .. } | E::Parquet(_)) => PyOSError::new_err(e.to_string()),
+        e @ (E::Plan(_) | E::Arrow(_) | E::MixedValues { .. }) => {
+            PyValueError::new_err(e.to_string())
+        }
+    }
 }
 
 /// Convert a core error; I/O errors stay `OSError` (and its subclasses), with the path.

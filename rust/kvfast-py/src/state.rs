@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
+use kvfast_arrow::rows::record_rows;
+use kvfast_arrow::table::{batches, TableRequest};
 use kvfast_core::format::recurrent::RecurrentHint;
 use kvfast_core::model::layer_map::{layer_map, model_layer, LayerMap, ModelLayers};
 use kvfast_core::plan::records::{records, records_table};
@@ -19,9 +21,7 @@ use crate::columns::finish;
 use crate::errors::{Error, Result};
 use crate::model::ModelArg;
 use crate::rope_args::{rope_spec, RopeArgs};
-use crate::rows::record_rows;
 use crate::stream::ArrowStream;
-use crate::table::{batches, TableRequest};
 
 #[pyclass(frozen, name = "State", module = "kvfast._kvfast")]
 /// A walked state for Python (`kvfast._kvfast.State`): kvfast-core's [`State`] with the geometry,

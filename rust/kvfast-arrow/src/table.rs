@@ -14,7 +14,7 @@ use kvfast_core::plan::table_plan::{plan, Dtype, Out};
 use kvfast_core::State;
 
 use crate::columns::arrays;
-use crate::errors::Result;
+use crate::error::{Error, Result};
 use crate::rows::{record_rows, Rows};
 
 /// A value table as Python asks for it.
@@ -56,7 +56,7 @@ pub fn batches(
     seq_default: Option<i32>,
 ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let mut out = Vec::new();
-    let schema = each_batch(sf, req, seq_default, usize::MAX, |b| {
+    let schema = each_batch::<Error>(sf, req, seq_default, usize::MAX, |b| {
         out.push(b);
         Ok(())
     })?;
@@ -65,16 +65,17 @@ pub fn batches(
 
 /// Hand `f` each selected record's rows in batches of at most `max_bytes` of values (at least a
 /// cell each), decoded a batch at a time: what is held is bounded by a batch, not a record.
-/// Returns the schema of the batches.
-pub fn each_batch(
+/// Returns the schema of the batches; `f`'s error (any that this crate's converts into) stops the
+/// pass.
+pub fn each_batch<E: From<Error>>(
     sf: &State,
     req: &TableRequest,
     seq_default: Option<i32>,
     max_bytes: usize,
-    mut f: impl FnMut(RecordBatch) -> Result<()>,
-) -> Result<SchemaRef> {
-    let jobs = jobs(&sf.layout, &req.sel)?;
-    let p = plan(&jobs, req.dtype)?;
+    mut f: impl FnMut(RecordBatch) -> std::result::Result<(), E>,
+) -> std::result::Result<SchemaRef, E> {
+    let jobs = jobs(&sf.layout, &req.sel).map_err(Error::from)?;
+    let p = plan(&jobs, req.dtype).map_err(Error::from)?;
     let full = schema(p.out, p.head_dim);
     let DataType::FixedSizeList(item, _) = full.field(VALUES).data_type().clone() else {
         unreachable!()
@@ -82,7 +83,10 @@ pub fn each_batch(
     let schema = if req.with_values {
         full
     } else {
-        Arc::new(full.project(&(0..VALUES).collect::<Vec<_>>())?)
+        Arc::new(
+            full.project(&(0..VALUES).collect::<Vec<_>>())
+                .map_err(Error::from)?,
+        )
     };
     for job in &jobs {
         let cells = job.stream.cell_count as usize;
@@ -100,15 +104,18 @@ pub fn each_batch(
         loop {
             let span = at..at.saturating_add(step).min(cells);
             let rows = if req.with_values {
-                Some(record_rows(
-                    sf,
-                    job.rec,
-                    cells,
-                    span.clone(),
-                    p.dtype,
-                    job.rotation,
-                    job.cell_rope(),
-                )?)
+                Some(
+                    record_rows(
+                        sf,
+                        job.rec,
+                        cells,
+                        span.clone(),
+                        p.dtype,
+                        job.rotation,
+                        job.cell_rope(),
+                    )
+                    .map_err(Error::from)?,
+                )
             } else {
                 None
             };
