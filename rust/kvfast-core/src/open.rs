@@ -6,12 +6,12 @@
 //! (a sample of rows, never a whole record), the RoPE to undo. Every later pass takes its
 //! [`Selection`] from [`Opened::selection`] instead of assembling one.
 
-use crate::layer_map::{layer_map, LayerMap, MapError, ModelLayers};
-use crate::layout::{Kind, Layout};
-use crate::rope::{Rope, RopeSpec};
-use crate::rotation_decide::{decide, sample_ranges, warning, BuildHint, Decision, Mode, RotationError};
-use crate::select::Selection;
-use crate::state::State;
+use crate::model::layer_map::{layer_map, LayerMap, MapError, ModelLayers};
+use crate::format::layout::{Kind, Layout};
+use crate::values::rope::{Rope, RopeSpec};
+use crate::values::rotation_decide::{decide, sample_ranges, warning, BuildHint, Decision, Mode, RotationError};
+use crate::plan::select::Selection;
+use crate::source::state::State;
 
 /// What a model says that the bytes do not: head sizes, KV heads and layers.
 #[derive(Debug, Clone, PartialEq, Eq)]

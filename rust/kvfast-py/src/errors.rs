@@ -1,12 +1,13 @@
 //! The binding's errors, and the one place they become Python exceptions: core errors keep their
-//! KvfastError subclass (field, offset and kind as attributes) or OSError; every other error is a
-//! usage error, raised as ValueError.
+//! KvfastError subclass (field, offset and kind as attributes) or OSError; kvfast-arrow's are the
+//! core's, OSError for a Parquet file's, or usage errors; an open error is the `kvfast.errors`
+//! class of its kind; every other error is a usage error, raised as ValueError.
 
 use std::path::Path;
 
-use kvfast_core::matching::Mismatch;
+use kvfast_core::compare::matching::Mismatch;
 use kvfast_core::open::OpenError;
-use kvfast_core::select::PlanError;
+use kvfast_core::plan::select::PlanError;
 use kvfast_core::GgmlType;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyOSError, PyValueError};
@@ -18,12 +19,16 @@ pub enum Error {
     /// Reading the state or a model: a KvfastError subclass, or OSError with the path.
     #[error(transparent)]
     Core(#[from] kvfast_core::Error),
+    /// Building Arrow tables or writing Parquet: the core's errors as above, a Parquet file's as
+    /// OSError, the others usage errors.
+    #[error(transparent)]
+    Tables(#[from] kvfast_arrow::Error),
     /// The selection does not fit the state (head sizes, heads, a type's blocks).
     #[error(transparent)]
     Plan(#[from] PlanError),
     /// A model whose layers do not fit the state's caches (kvfast makes it a ModelMismatchError).
     #[error(transparent)]
-    Map(#[from] kvfast_core::layer_map::MapError),
+    Map(#[from] kvfast_core::model::layer_map::MapError),
     /// Two states that cannot be compared (kvfast.compare makes it a MatchError).
     #[error(transparent)]
     Mismatch(#[from] Mismatch),
@@ -87,7 +92,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// "f32, f16, ..., q5_1 or iq4_nl": every type a cache can hold.
 fn type_names() -> String {
-    let names: Vec<&str> = kvfast_core::types::ALL_TYPES
+    let names: Vec<&str> = kvfast_core::format::types::ALL_TYPES
         .iter()
         .map(|t| t.name())
         .collect();
@@ -97,9 +102,9 @@ fn type_names() -> String {
     }
 }
 
-impl From<kvfast_core::stats_tables::TableError> for Error {
-    fn from(e: kvfast_core::stats_tables::TableError) -> Self {
-        use kvfast_core::stats_tables::TableError as E;
+impl From<kvfast_core::stats::tables::TableError> for Error {
+    fn from(e: kvfast_core::stats::tables::TableError) -> Self {
+        use kvfast_core::stats::tables::TableError as E;
         match e {
             E::Plan(p) => Error::Plan(p),
             E::Core(c) => Error::Core(c),
@@ -118,6 +123,7 @@ impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         match e {
             Error::Core(e) => core_to_py(e),
+            Error::Tables(e) => arrow_to_py(e),
             Error::Open(e) => open_to_py(e),
             Error::Python(e) => e,
             other => PyValueError::new_err(other.to_string()),
@@ -199,6 +205,19 @@ mod libc_errno {
     pub const EACCES: i32 = 13;
     pub const EISDIR: i32 = 21;
     pub const EINVAL: i32 = 22;
+}
+
+/// Convert a kvfast-arrow error: the core's as the core's, a Parquet file's (making, writing,
+/// closing it; the writer's settings) OSError, the others ValueError.
+fn arrow_to_py(e: kvfast_arrow::Error) -> PyErr {
+    use kvfast_arrow::Error as E;
+    match e {
+        E::Core(c) => core_to_py(c),
+        e @ (E::Write { .. } | E::Parquet(_)) => PyOSError::new_err(e.to_string()),
+        e @ (E::Plan(_) | E::Arrow(_) | E::MixedValues { .. }) => {
+            PyValueError::new_err(e.to_string())
+        }
+    }
 }
 
 /// Convert a core error; I/O errors stay `OSError` (and its subclasses), with the path.

@@ -11,12 +11,8 @@ mod parquet_write;
 mod remote;
 mod rope_args;
 mod rotation;
-mod rows;
 mod state;
 mod stream;
-mod table;
-#[cfg(test)]
-mod testing;
 mod types;
 mod write;
 

@@ -3,11 +3,11 @@
 
 use std::path::PathBuf;
 
-use kvfast_core::layer_map::ModelLayers;
+use kvfast_core::model::layer_map::ModelLayers;
 use kvfast_core::open::{ModelFit, OpenError, OpenOptions, Opened};
-use kvfast_core::recurrent::RecurrentHint;
-use kvfast_core::rope::Rope;
-use kvfast_core::rotation_decide::{BuildHint, Mode};
+use kvfast_core::format::recurrent::RecurrentHint;
+use kvfast_core::values::rope::Rope;
+use kvfast_core::values::rotation_decide::{BuildHint, Mode};
 use kvfast_core::{State, WalkOptions};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

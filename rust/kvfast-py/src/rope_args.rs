@@ -1,7 +1,7 @@
 //! The RoPE parameters Python gives `open` (kvfast.pre_rope reads them from the model's GGUF
 //! header); kvfast-core checks them against the state's K rows.
 
-use kvfast_core::rope::Rope;
+use kvfast_core::values::rope::Rope;
 use pyo3::prelude::*;
 
 /// One layer's rope, as a dict of kvfast-core's `Rope` fields.

@@ -3,14 +3,16 @@
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use kvfast_core::layer_map::{model_layer, LayerMap};
+use kvfast_arrow::rows::record_rows;
+use kvfast_arrow::table::{batches, TableRequest};
+use kvfast_core::model::layer_map::{model_layer, LayerMap};
 use kvfast_core::open::{OpenOptions, Opened};
-use kvfast_core::records::{records, records_table};
-use kvfast_core::recurrent::RecurrentHint;
-use kvfast_core::rope::{rope_of, CellRope, RopeSpec};
-use kvfast_core::rotation_decide::Mode;
-use kvfast_core::select::{jobs, Selection};
-use kvfast_core::table_plan::{out_type, Dtype, Out};
+use kvfast_core::plan::records::{records, records_table};
+use kvfast_core::format::recurrent::RecurrentHint;
+use kvfast_core::values::rope::{rope_of, CellRope, RopeSpec};
+use kvfast_core::values::rotation_decide::Mode;
+use kvfast_core::plan::select::{jobs, Selection};
+use kvfast_core::plan::table_plan::{out_type, Dtype, Out};
 use kvfast_core::{GgmlType, Kind, Record, State, WalkOptions};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -19,9 +21,7 @@ use pyo3::types::{PyDict, PyList, PyString};
 use crate::byte_view::{i32s, ByteView};
 use crate::columns::finish;
 use crate::errors::{Error, Result};
-use crate::rows::record_rows;
 use crate::stream::ArrowStream;
-use crate::table::{batches, TableRequest};
 
 #[pyclass(frozen, name = "State", module = "kvfast._kvfast")]
 /// An opened state for Python (`kvfast._kvfast.State`): kvfast-core's [`Opened`], everything
@@ -469,7 +469,7 @@ pub(crate) fn info_dict<'py>(py: Python<'py>, sf: &State) -> Result<Bound<'py, P
     d.set_item("ext_bytes", l.ext_bytes)?;
     d.set_item("features", l.features.clone())?;
     d.set_item("tokens", l.tokens.as_ref().map(|t| i32s(t)))?;
-    let (era, evidence) = kvfast_core::rotation::era(l);
+    let (era, evidence) = kvfast_core::values::rotation::era(l);
     d.set_item("era", era.name())?;
     d.set_item("era_evidence", evidence)?;
     if let Some(st) = &l.server_tokens {
@@ -545,7 +545,7 @@ map: &LayerMap,
         cd.set_item("offset", c.offset)?;
         cd.set_item("has_n_stream", c.has_n_stream)?;
         cd.set_item("memory", c.memory.name())?;
-        if let kvfast_core::layout::Memory::Recurrent { n_layer } = c.memory {
+        if let kvfast_core::format::layout::Memory::Recurrent { n_layer } = c.memory {
             cd.set_item("n_layer", n_layer)?;
         }
         cd.set_item("streams", streams)?;

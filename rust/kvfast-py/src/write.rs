@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use kvfast_core::write::{Format, StateParts};
-use kvfast_core::write_edit::{concat, Replace, Retype};
+use kvfast_core::write::edit::{concat, Replace, Retype};
+use kvfast_core::write::parts::{Format, StateParts};
 use kvfast_core::{Container, GgmlType};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
