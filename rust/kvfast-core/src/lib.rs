@@ -4,6 +4,7 @@
 //! [`decode`] turns rows of any cache type into f32.
 
 pub mod alloc;
+pub mod arch;
 pub mod cache;
 pub mod cells;
 pub mod columns;
@@ -13,6 +14,7 @@ pub mod cursor;
 pub mod decode;
 pub mod error;
 pub mod file;
+pub mod geometry;
 pub mod gguf;
 pub mod guarantees;
 pub mod kernels;
