@@ -10,6 +10,8 @@ use kvfast_core::GgmlType;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyOSError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
 
 /// What a binding call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +25,10 @@ pub enum Error {
     /// A model whose layers do not fit the state's caches (kvfast makes it a ModelMismatchError).
     #[error(transparent)]
     Map(#[from] kvfast_core::layer_map::MapError),
+    /// A model's metadata that is not what a model's is (kvfast's ModelMismatchError), a RoPE
+    /// kvfast does not undo (PreRopeError), or its header that cannot be read (a core error).
+    #[error(transparent)]
+    Model(#[from] kvfast_core::geometry::ModelError),
     /// Two states that cannot be compared (kvfast.compare makes it a MatchError).
     #[error(transparent)]
     Mismatch(#[from] Mismatch),
@@ -114,6 +120,7 @@ impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         match e {
             Error::Core(e) => core_to_py(e),
+            Error::Model(e) => model_to_py(e),
             Error::Python(e) => e,
             other => PyValueError::new_err(other.to_string()),
         }
@@ -237,6 +244,29 @@ fn core_to_py(e: kvfast_core::Error) -> PyErr {
         }
     });
     err
+}
+
+static MODEL_MISMATCH: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static PRE_ROPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// A model error as kvfast's Python exception of its kind, `field` set: ModelMismatchError
+/// (metadata) or PreRopeError (RoPE), both in `kvfast.errors`.
+fn model_to_py(e: kvfast_core::geometry::ModelError) -> PyErr {
+    use kvfast_core::geometry::ModelError as E;
+    let (cell, name, field, message) = match e {
+        E::Read(e) => return core_to_py(e),
+        E::Metadata { field, message } => (&MODEL_MISMATCH, "ModelMismatchError", field, message),
+        E::Rope { field, message } => (&PRE_ROPE, "PreRopeError", field, message),
+    };
+    Python::attach(|py| {
+        let raised = || -> PyResult<PyErr> {
+            let cls = cell.import(py, "kvfast.errors", name)?;
+            let err = cls.call1((message,))?;
+            err.setattr("field", field)?;
+            Ok(PyErr::from_value(err))
+        };
+        raised().unwrap_or_else(|e| e)
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
