@@ -764,6 +764,15 @@ impl ModelRope {
             name = k("context_length");
             n_ctx = number(meta, &name, 0.0)?;
         }
+        let beta_fast = number(meta, &k("rope.scaling.yarn_beta_fast"), 32.0)?;
+        let beta_slow = number(meta, &k("rope.scaling.yarn_beta_slow"), 1.0)?;
+        let swa_default = if arch::SWA_BASE_IS_GLOBAL.contains(&arch) {
+            base
+        } else {
+            10000.0
+        };
+        let swa_base = number(meta, &k("rope.freq_base_swa"), swa_default)?;
+        // checked last: Python's int() took any number, set_rope refused it past u32
         let n_ctx = n_ctx.trunc();
         if !(0.0..=u32::MAX as f64).contains(&n_ctx) {
             return Err(rope_err(
@@ -774,8 +783,6 @@ impl ModelRope {
                 ),
             ));
         }
-        let beta_fast = number(meta, &k("rope.scaling.yarn_beta_fast"), 32.0)?;
-        let beta_slow = number(meta, &k("rope.scaling.yarn_beta_slow"), 1.0)?;
         let global = Rope {
             n_dims,
             head_dim: head_dim_k,
@@ -790,23 +797,16 @@ impl ModelRope {
             sections,
             imrope: arch::IMROPE.contains(&arch),
         };
-        let swa_default = if arch::SWA_BASE_IS_GLOBAL.contains(&arch) {
-            base
-        } else {
-            10000.0
-        };
-        let swa_base = number(meta, &k("rope.freq_base_swa"), swa_default)?;
         let swa = Rope {
             freq_base: swa_base as f32,
             freq_scale: 1.0,
-            ..global.clone()
+            ..global
         };
         Ok(ModelRope { global, swa })
     }
 }
 
-/// A whole number held in an f64, as Python's int prints it (exact up to 2^53, as Python's
-/// `int(float)` is).
+/// A whole number held in an f64 as Python's `int(float)` prints it (every digit, exactly).
 fn py_int(f: f64) -> String {
     if f.abs() < 9.007_199_254_740_992e15 {
         (f as i64).to_string()
