@@ -5,6 +5,8 @@ from os import PathLike
 from typing import Any, final
 
 __version__: str
+MAX_LAYERS: int
+MAX_VALUES: int
 __all__ = [
     "AmbiguousError",
     "ArrowStream",
@@ -12,6 +14,8 @@ __all__ = [
     "FileChangedError",
     "FormatError",
     "KvfastError",
+    "MAX_LAYERS",
+    "MAX_VALUES",
     "NotFetchedError",
     "State",
     "TruncatedError",
@@ -25,8 +29,10 @@ __all__ = [
     "ggml_types",
     "gguf_metadata",
     "gguf_vocab",
+    "model_rope",
     "quant_error",
     "quantize",
+    "read_model",
     "rotation_group",
     "write_parquet",
     "write_state",
@@ -135,6 +141,8 @@ def gguf_metadata(path: str | PathLike[str]) -> dict[str, Any]: ...
 def ggml_types() -> dict[str, tuple[int, int, int, int]]: ...
 def attention_map(model: dict[str, Any], cache_layers: list[int]) -> list[list[int]]: ...
 def gguf_vocab(path: str | PathLike[str]) -> list[str] | None: ...
+def read_model(path: str | PathLike[str]) -> dict[str, Any]: ...
+def model_rope(path: str | PathLike[str], head_dim_k: int) -> dict[str, dict[str, Any]]: ...
 def cell_stats(state: State, sel: dict[str, Any], skip_first: int) -> ArrowStream: ...
 def aggregate_stats(
     state: State, sel: dict[str, Any], skip_first: int

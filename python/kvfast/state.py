@@ -575,7 +575,7 @@ def open(
     ``pre_rope=True`` (with ``model``, a GGUF file) gives keys before RoPE: every pass (values,
     tables, stats, compare, scans, exports, pictures) undoes llama.cpp's RoPE of each K cell from
     its position and the model's rope parameters, after any rotation (see :mod:`kvfast.pre_rope`);
-    without a model it raises :class:`kvfast.pre_rope.PreRopeError`.
+    without a model it raises :class:`kvfast.errors.PreRopeError`.
 
     ``path`` may be a URL (``s3://bucket/key``, or any protocol fsspec reads): the state is read by
     ranged requests, its metadata at open and then only the rows each pass reads (see
