@@ -8,14 +8,14 @@ __version__: str
 MAX_LAYERS: int
 MAX_VALUES: int
 __all__ = [
+    "MAX_LAYERS",
+    "MAX_VALUES",
     "AmbiguousError",
     "ArrowStream",
     "ByteView",
     "FileChangedError",
     "FormatError",
     "KvfastError",
-    "MAX_LAYERS",
-    "MAX_VALUES",
     "NotFetchedError",
     "State",
     "TruncatedError",

@@ -90,4 +90,3 @@ class ModelGeometry:
             return _kvfast.attention_map(self.layers(), cache_layers)
         except ValueError as e:
             raise ModelMismatchError(str(e)) from None
-
