@@ -20,6 +20,7 @@ from kvfast.errors import (
     KvfastError,
     ModelMismatchError,
     NotFetchedError,
+    PreRopeError,
     RemoteError,
     SelectionError,
     TruncatedError,
@@ -29,7 +30,6 @@ from kvfast.export import ExportError, export
 from kvfast.export_read import export_schema, scan_export
 from kvfast.floats import upcast
 from kvfast.model import ModelGeometry
-from kvfast.pre_rope import PreRopeError
 from kvfast.rotation import Rotation, RotationError, RotationWarning
 from kvfast.state import State, open
 from kvfast.structure import Cache, Layer, Stream

@@ -5,7 +5,11 @@ from os import PathLike
 from typing import Any, final
 
 __version__: str
+MAX_LAYERS: int
+MAX_VALUES: int
 __all__ = [
+    "MAX_LAYERS",
+    "MAX_VALUES",
     "AmbiguousError",
     "ArrowStream",
     "ByteView",
@@ -25,9 +29,11 @@ __all__ = [
     "ggml_types",
     "gguf_metadata",
     "gguf_vocab",
+    "model_rope",
     "open",
     "quant_error",
     "quantize",
+    "read_model",
     "rotation_group",
     "write_parquet",
     "write_state",
@@ -142,6 +148,8 @@ def gguf_metadata(path: str | PathLike[str]) -> dict[str, Any]: ...
 def ggml_types() -> dict[str, tuple[int, int, int, int]]: ...
 def attention_map(model: dict[str, Any], cache_layers: list[int]) -> list[list[int]]: ...
 def gguf_vocab(path: str | PathLike[str]) -> list[str] | None: ...
+def read_model(path: str | PathLike[str]) -> dict[str, Any]: ...
+def model_rope(path: str | PathLike[str], head_dim_k: int) -> dict[str, dict[str, Any]]: ...
 def cell_stats(state: State, sel: dict[str, Any], skip_first: int) -> ArrowStream: ...
 def aggregate_stats(
     state: State, sel: dict[str, Any], skip_first: int

@@ -34,6 +34,19 @@ class ModelMismatchError(KvfastError, ValueError):
     field: str | None = None
 
 
+class PreRopeError(KvfastError, ValueError):
+    """Keys before RoPE were asked for and cannot be given: no model, or a model whose RoPE kvfast
+    does not undo (``field`` names the GGUF key or argument)."""
+
+    kind = "pre_rope"
+    offset = None
+    field: str | None = None
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class SelectionError(KvfastError, ValueError):
     """A selection or geometry argument the state does not have or that makes no sense: a layer,
     head, cell, cache or stream out of range or not an integer, a head repeated, a kind other than

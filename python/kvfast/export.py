@@ -45,12 +45,11 @@ from kvfast.dataset import (
     expand,
     stats_frame,
 )
-from kvfast.errors import KvfastError
+from kvfast.errors import KvfastError, PreRopeError
 from kvfast.export_commit import MARKER, Commit
 from kvfast.export_progress import Progress
 from kvfast.export_types import one_type
 from kvfast.model import ModelGeometry
-from kvfast.pre_rope import PreRopeError
 from kvfast.rotation import Mode
 from kvfast.state import State, open
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
 from collections.abc import Sequence
@@ -19,7 +18,6 @@ from kvfast.address import Where, file_offset, locate, record_ref, tensor_offset
 from kvfast.analysis import By
 from kvfast.errors import ClosedError, RotationWarning, SelectionError
 from kvfast.model import ModelGeometry
-from kvfast.pre_rope import model_rope
 from kvfast.rotation import Mode, Rotation
 from kvfast.schema import INDEX
 from kvfast.structure import Cache, Recurrent, build_caches, build_recurrent, i32
@@ -65,14 +63,10 @@ class State:
         #: The GGUF file given as ``model`` (its vocabulary gives token pieces).
         self.model_path: str | None = None
         if model is not None and not isinstance(model, ModelGeometry):
-            self.model_path = os.fspath(model)
-            model = ModelGeometry.from_gguf(model)
-        self.model: ModelGeometry | None = model
-        model_path = self.model_path
-        rope = None if model_path is None else functools.partial(model_rope, model_path)
+            self.model_path = model = os.fspath(model)
         size, fetch = remote.source(self.path, storage_options) if is_url else (None, None)
-        # one call: kvfast-core walks the bytes and decides the geometry, the model-layer map, the
-        # model's fit, the rotation (a sample of rows) and the RoPE to undo
+        # one call: kvfast-core reads the model's GGUF, walks the bytes and decides the geometry,
+        # the model-layer map, the model's fit, the rotation (a sample of rows) and the RoPE to undo
         self._state, info = _kvfast.open(
             self.path if is_url else remote.local_path(self.path),
             size=size,
@@ -84,8 +78,10 @@ class State:
             rotation=rotation,
             hint=hint,
             pre_rope=pre_rope,
-            rope=rope,
         )
+        #: The model's geometry (given, read from ``model``'s GGUF, or from a probe manifest).
+        given = model if isinstance(model, ModelGeometry) else None
+        self.model: ModelGeometry | None = given if info["model"] is None else ModelGeometry(**info["model"])
         self._info = info
         self.head_dim_k, self.head_dim_v = info["head_dims"]
         #: Per cache (the recurrent part last), the model layer of each cache layer (None: not known).
@@ -539,7 +535,7 @@ def open(
     ``pre_rope=True`` (with ``model``, a GGUF file) gives keys before RoPE: every pass (values,
     tables, stats, compare, scans, exports, pictures) undoes llama.cpp's RoPE of each K cell from
     its position and the model's rope parameters, after any rotation (see :mod:`kvfast.pre_rope`);
-    without a model it raises :class:`kvfast.pre_rope.PreRopeError`.
+    without a model it raises :class:`kvfast.errors.PreRopeError`.
 
     ``path`` may be a URL (``s3://bucket/key``, or any protocol fsspec reads): the state is read by
     ranged requests, its metadata at open and then only the rows each pass reads (see

@@ -63,7 +63,7 @@ def opening(
     pre_rope: bool,
 ) -> Opening:
     if pre_rope and (model is None or isinstance(model, ModelGeometry)):
-        from kvfast.pre_rope import PreRopeError
+        from kvfast.errors import PreRopeError
 
         raise PreRopeError("pre_rope=True needs the model's GGUF (model=PATH)", field="model")
     pre = os.fspath(model) if pre_rope and model is not None else None  # type: ignore[arg-type]

@@ -6,23 +6,13 @@
 //! (a sample of rows, never a whole record), the RoPE to undo. Every later pass takes its
 //! [`Selection`] from [`Opened::selection`] instead of assembling one.
 
-use crate::model::layer_map::{layer_map, LayerMap, MapError, ModelLayers};
+use crate::model::geometry::{Geometry, ModelError};
+use crate::model::layer_map::{layer_map, LayerMap, MapError};
 use crate::format::layout::{Kind, Layout};
 use crate::values::rope::{Rope, RopeSpec};
 use crate::values::rotation_decide::{decide, sample_ranges, warning, BuildHint, Decision, Mode, RotationError};
 use crate::plan::select::Selection;
 use crate::source::state::State;
-
-/// What a model says that the bytes do not: head sizes, KV heads and layers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelFit {
-    pub layers: ModelLayers,
-    /// Values per K and V head (0: the model has no attention layer).
-    pub head_dim_k: u64,
-    pub head_dim_v: u64,
-    /// KV heads of every model layer.
-    pub n_head_kv: Vec<u64>,
-}
 
 /// The RoPE of the model's full-attention and sliding-window layers, given its K head size.
 pub type RopeOf<'a> = &'a (dyn Fn(u64) -> Result<[Rope; 2], OpenError> + Sync);
@@ -32,7 +22,8 @@ pub type RopeOf<'a> = &'a (dyn Fn(u64) -> Result<[Rope; 2], OpenError> + Sync);
 pub struct OpenOptions<'a> {
     /// Values per head, where no model gives them (None: one head spans the row).
     pub head_dim: Option<u64>,
-    pub model: Option<&'a ModelFit>,
+    /// The model's geometry (from its GGUF, [`crate::model::geometry::Model::read`]).
+    pub model: Option<&'a Geometry>,
     pub rotation: Mode,
     /// What the build that wrote the state recorded about the rotation (a probe manifest).
     pub hint: Option<&'a BuildHint>,
@@ -61,9 +52,13 @@ pub enum OpenError {
     /// The model's layers do not fit the caches.
     #[error(transparent)]
     Map(#[from] MapError),
-    /// The model's head sizes or KV heads do not fit the rows.
-    #[error("{0}")]
-    Model(String),
+    /// The model's head sizes or KV heads do not fit the rows, or its metadata is not what a
+    /// model's is (`field`: the GGUF key).
+    #[error("{message}")]
+    Model {
+        message: String,
+        field: Option<String>,
+    },
     /// A head size that does not divide the rows.
     #[error("{0}")]
     Selection(String),
@@ -78,6 +73,22 @@ pub enum OpenError {
     /// An error of the caller's own (the binding's RoPE source raising), kept as it is.
     #[error(transparent)]
     Other(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl From<ModelError> for OpenError {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::Read(e) => OpenError::Read(e),
+            ModelError::Metadata { field, message } => OpenError::Model {
+                message,
+                field: Some(field),
+            },
+            ModelError::Rope { field, message } => OpenError::Rope {
+                message,
+                field: Some(field),
+            },
+        }
+    }
 }
 
 impl OpenError {
@@ -122,7 +133,7 @@ impl Opened {
             Some(m) => [m.head_dim_k, m.head_dim_v].map(|h| (h > 0).then_some(h)),
             None => [opts.head_dim; 2],
         };
-        let model_layers = layer_map(layout, opts.model.map(|m| &m.layers))?;
+        let model_layers = layer_map(layout, opts.model.map(Geometry::layers).as_ref())?;
         if let Some(m) = opts.model {
             fit(layout, m, &model_layers, opts.head_dim)?;
         }
@@ -183,13 +194,13 @@ impl Opened {
 }
 
 /// The model's head sizes and KV heads against every attention layer's rows.
-fn fit(layout: &Layout, m: &ModelFit, map: &LayerMap, head_dim: Option<u64>) -> Result<(), OpenError> {
+fn fit(layout: &Layout, m: &Geometry, map: &LayerMap, head_dim: Option<u64>) -> Result<(), OpenError> {
     if let Some(hd) = head_dim {
         if hd != m.head_dim_k {
-            return Err(OpenError::Model(format!(
-                "head_dim={hd} but the model's key_length is {}",
-                m.head_dim_k
-            )));
+            return Err(OpenError::Model {
+                message: format!("head_dim={hd} but the model's key_length is {}", m.head_dim_k),
+                field: None,
+            });
         }
     }
     for (ci, cache) in layout.caches.iter().enumerate() {
@@ -206,13 +217,17 @@ fn fit(layout: &Layout, m: &ModelFit, map: &LayerMap, head_dim: Option<u64>) -> 
                 for (kind, dim) in [(Kind::K, m.head_dim_k), (Kind::V, m.head_dim_v)] {
                     let Some(r) = l.record(kind) else { continue };
                     if r.n_embd != n * dim {
-                        return Err(OpenError::Model(format!(
+                        let message = format!(
                             "model layer {ml}: the model has {n} KV heads x {dim} = {} values per {} \
                              row, the state has {}",
                             n * dim,
                             kind.name().to_uppercase(),
                             r.n_embd
-                        )));
+                        );
+                        return Err(OpenError::Model {
+                            message,
+                            field: None,
+                        });
                     }
                 }
             }
@@ -252,7 +267,7 @@ fn check_rows(layout: &Layout, head_dims: [Option<u64>; 2]) -> Result<(), OpenEr
 /// sliding-window layers), checked against the K rows.
 fn rope_spec(
     layout: &Layout,
-    model: Option<&ModelFit>,
+    model: Option<&Geometry>,
     head_dim_k: Option<u64>,
     map: &LayerMap,
     rope_of: Option<RopeOf>,
@@ -286,7 +301,7 @@ fn rope_spec(
         };
         let mut row = vec![];
         for (li, &ml) in layers.iter().enumerate() {
-            let slides = model.layers.swa.get(ml as usize).copied().unwrap_or(false);
+            let slides = model.swa.get(ml as usize).copied().unwrap_or(false);
             let r = if slides { swa } else { global };
             let n_embd = cache.streams.iter().find_map(|s| s.layers.get(li).map(|l| l.k.n_embd));
             let fits = n_embd.is_some_and(|n| r.head_dim > 0 && n % r.head_dim as u64 == 0);

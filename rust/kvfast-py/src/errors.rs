@@ -29,6 +29,10 @@ pub enum Error {
     /// A model whose layers do not fit the state's caches (kvfast makes it a ModelMismatchError).
     #[error(transparent)]
     Map(#[from] kvfast_core::model::layer_map::MapError),
+    /// A model's metadata that is not what a model's is (kvfast's ModelMismatchError), a RoPE
+    /// kvfast does not undo (PreRopeError), or its header that cannot be read (a core error).
+    #[error(transparent)]
+    Model(#[from] kvfast_core::model::geometry::ModelError),
     /// Two states that cannot be compared (kvfast.compare makes it a MatchError).
     #[error(transparent)]
     Mismatch(#[from] Mismatch),
@@ -125,6 +129,7 @@ impl From<Error> for PyErr {
             Error::Core(e) => core_to_py(e),
             Error::Tables(e) => arrow_to_py(e),
             Error::Open(e) => open_to_py(e),
+            Error::Model(e) => model_to_py(e),
             Error::Python(e) => e,
             other => PyValueError::new_err(other.to_string()),
         }
@@ -272,8 +277,8 @@ fn kvfast_error(name: &str, message: String, field: Option<String>) -> PyErr {
             .and_then(|cls| cls.call1((message.clone(),)));
         match made {
             Ok(v) => {
-                if field.is_some() {
-                    let _ = v.setattr("field", field);
+                if v.setattr("field", field).is_err() {
+                    return PyValueError::new_err(message);
                 }
                 PyErr::from_value(v)
             }
@@ -287,7 +292,8 @@ fn open_to_py(e: OpenError) -> PyErr {
     let msg = e.to_string();
     match e {
         OpenError::Read(e) => core_to_py(e),
-        OpenError::Map(_) | OpenError::Model(_) => kvfast_error("ModelMismatchError", msg, None),
+        OpenError::Map(_) => kvfast_error("ModelMismatchError", msg, None),
+        OpenError::Model { field, .. } => kvfast_error("ModelMismatchError", msg, field),
         OpenError::Selection(_) => kvfast_error("SelectionError", msg, None),
         OpenError::Rotation(_) => kvfast_error("RotationError", msg, None),
         OpenError::Rope { field, .. } => kvfast_error("PreRopeError", msg, field),
@@ -295,6 +301,17 @@ fn open_to_py(e: OpenError) -> PyErr {
             Ok(py_err) => *py_err,
             Err(other) => PyValueError::new_err(other.to_string()),
         },
+    }
+}
+
+/// A model error as kvfast's Python exception of its kind, `field` set: ModelMismatchError
+/// (metadata) or PreRopeError (RoPE), both in `kvfast.errors`.
+fn model_to_py(e: kvfast_core::model::geometry::ModelError) -> PyErr {
+    use kvfast_core::model::geometry::ModelError as E;
+    match e {
+        E::Read(e) => core_to_py(e),
+        E::Metadata { field, message } => kvfast_error("ModelMismatchError", message, Some(field)),
+        E::Rope { field, message } => kvfast_error("PreRopeError", message, Some(field)),
     }
 }
 

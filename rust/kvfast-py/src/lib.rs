@@ -6,6 +6,7 @@ mod columns;
 mod compare_modes;
 mod errors;
 mod model;
+mod model_read;
 mod open;
 mod parquet_write;
 mod remote;
@@ -38,6 +39,7 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(types::ggml_types, m)?)?;
     m.add_function(wrap_pyfunction!(write::write_state, m)?)?;
     m.add_function(wrap_pyfunction!(parquet_write::write_parquet, m)?)?;
+    model_read::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

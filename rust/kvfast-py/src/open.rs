@@ -3,9 +3,8 @@
 
 use std::path::PathBuf;
 
-use kvfast_core::model::layer_map::ModelLayers;
-use kvfast_core::open::{ModelFit, OpenError, OpenOptions, Opened};
-use kvfast_core::format::recurrent::RecurrentHint;
+use kvfast_core::model::geometry::{Geometry, Model};
+use kvfast_core::open::{OpenError, OpenOptions, Opened};
 use kvfast_core::values::rope::Rope;
 use kvfast_core::values::rotation_decide::{BuildHint, Mode};
 use kvfast_core::{State, WalkOptions};
@@ -15,6 +14,7 @@ use pyo3::types::{PyDict, PyList};
 
 use crate::errors::{Error, Result};
 use crate::rope_args::RopeArgs;
+use crate::model_read::geometry_dict;
 use crate::state::{caches_list, info_dict, PyState};
 
 /// A model's geometry as Python's `ModelGeometry` holds it (its fields, by name).
@@ -39,34 +39,32 @@ pub struct GeometryArg {
     #[pyo3(attribute)]
     v_less: Option<bool>,
     #[pyo3(attribute)]
-    n_layer_trunk: Option<u32>,
+    n_layer_trunk: Option<usize>,
 }
 
-impl GeometryArg {
-    fn fit(&self) -> ModelFit {
-        ModelFit {
-            layers: ModelLayers {
-                arch: self.arch.clone(),
-                n_layer: self.n_layer,
-                attention: self.attention.clone(),
-                swa: self.swa.clone(),
-                recurrent: self.recurrent.clone(),
-            },
-            head_dim_k: self.head_dim_k,
-            head_dim_v: self.head_dim_v,
-            n_head_kv: self.n_head_kv.clone(),
+impl From<GeometryArg> for Geometry {
+    fn from(g: GeometryArg) -> Geometry {
+        Geometry {
+            arch: g.arch,
+            n_layer: g.n_layer,
+            head_dim_k: g.head_dim_k,
+            head_dim_v: g.head_dim_v,
+            n_head_kv: g.n_head_kv,
+            swa: g.swa,
+            recurrent: g.recurrent,
+            attention: g.attention,
+            v_less: g.v_less,
+            n_layer_trunk: g.n_layer_trunk,
         }
     }
+}
 
-    /// What the walk cannot tell from the bytes, as the model says it: whether the caches hold
-    /// V, and the recurrent part's layers (its n_layer field, the layers with records).
-    fn walk_hints(&self) -> (Option<bool>, Option<RecurrentHint>) {
-        let rec = self.recurrent.as_ref().map(|r| RecurrentHint {
-            n_layer: self.n_layer_trunk.unwrap_or(self.n_layer as u32),
-            layers: r.iter().filter(|f| **f).count() as u32,
-        });
-        (self.v_less, rec)
-    }
+/// `model=`: a `ModelGeometry`, or the path of a GGUF that kvfast-core reads (once: its geometry
+/// and, for keys before RoPE, its RoPE).
+#[derive(FromPyObject)]
+pub enum ModelSource {
+    Given(GeometryArg),
+    Path(PathBuf),
 }
 
 /// The global and sliding-window RoPE, as `kvfast.pre_rope.model_rope` gives them.
@@ -87,10 +85,11 @@ fn parse_mode(mode: &str) -> Result<Mode> {
 
 /// Open a state: `path` mapped (`mmap=False`: read into memory), or a remote object of `size`
 /// bytes fetched by `fetch(ranges) -> list of bytes`; `model` a `ModelGeometry` (or None);
-/// `hint` (rotates, evidence) from a probe manifest; `pre_rope` asks for keys before RoPE, whose
-/// parameters `rope(head_dim_k)` gives. Returns the state and a dict of what Python shows of it:
-/// the info scalars, `caches`, `model_layers`, `head_dims`, `rotation` (a dict per decision) and
-/// `rotation_warning`.
+/// `model` a `ModelGeometry` or a GGUF's path (read here, once); `hint` (rotates, evidence) from a
+/// probe manifest; `pre_rope` asks for keys before RoPE, whose parameters are the GGUF's, or
+/// `rope(head_dim_k)`'s where given. Returns the state and a dict of what Python shows of it: the
+/// info scalars, `caches`, `model_layers`, `head_dims`, `rotation` (a dict per decision),
+/// `rotation_warning`, and `model` (the geometry read from a GGUF; None otherwise).
 #[pyfunction]
 #[pyo3(signature = (
     path, *, size=None, fetch=None, cell_ext=None, mmap=true, head_dim=None, model=None,
@@ -105,14 +104,20 @@ pub fn open<'py>(
     cell_ext: Option<bool>,
     mmap: bool,
     head_dim: Option<u64>,
-    model: Option<GeometryArg>,
+    model: Option<ModelSource>,
     rotation: &str,
     hint: Option<(bool, String)>,
     pre_rope: bool,
     rope: Option<Py<PyAny>>,
 ) -> Result<(PyState, Bound<'py, PyDict>)> {
     let mode = parse_mode(rotation)?;
-    let (v_less, recurrent) = model.as_ref().map_or((None, None), |m| m.walk_hints());
+    let (read, given): (Option<Model>, Option<Geometry>) = match model {
+        None => (None, None),
+        Some(ModelSource::Path(p)) => (Some(py.detach(|| Model::read(&p))?), None),
+        Some(ModelSource::Given(g)) => (None, Some(g.into())),
+    };
+    let geometry = read.as_ref().map(|m| &m.geometry).or(given.as_ref());
+    let (v_less, recurrent) = geometry.map_or((None, None), Geometry::walk_hints);
     let walk = WalkOptions {
         cell_ext,
         v_less,
@@ -128,24 +133,32 @@ pub fn open<'py>(
             }
         })?,
     };
-    let fit = model.as_ref().map(GeometryArg::fit);
     let hint = hint.map(|(rotates, evidence)| BuildHint { rotates, evidence });
+    // the RoPE: given (a geometry has no header to read it from), or the GGUF's
     let rope_of = |head_dim_k: u64| -> std::result::Result<[Rope; 2], OpenError> {
-        let Some(f) = &rope else {
-            return Err(OpenError::rope("no rope parameters given", Some("model")));
+        if let Some(f) = &rope {
+            return Python::attach(|py| {
+                let got = f.call1(py, (head_dim_k,)).map_err(py_to_open)?;
+                let pair: RopePair = got.bind(py).extract().map_err(py_to_open)?;
+                Ok([pair.global.into(), pair.swa.into()])
+            });
+        }
+        let Some(m) = &read else {
+            return Err(OpenError::rope(
+                "pre_rope=True needs the model's GGUF (model=PATH; --model on the command line): \
+                 the rope parameters and head size are in its header",
+                Some("model"),
+            ));
         };
-        Python::attach(|py| {
-            let got = f.call1(py, (head_dim_k,)).map_err(py_to_open)?;
-            let pair: RopePair = got.bind(py).extract().map_err(py_to_open)?;
-            Ok([pair.global.into(), pair.swa.into()])
-        })
+        let r = m.rope(head_dim_k as usize)?;
+        Ok([r.global, r.swa])
     };
     let opts = OpenOptions {
         head_dim,
-        model: fit.as_ref(),
+        model: geometry,
         rotation: mode,
         hint: hint.as_ref(),
-        pre_rope: pre_rope.then_some(rope.as_ref().map(|_| &rope_of as _)),
+        pre_rope: pre_rope.then_some(Some(&rope_of as _)),
     };
     let reads = Opened::reads(&sf.layout, &opts);
     crate::remote::ready(py, fetch.as_ref(), &sf, &reads)?;
@@ -168,6 +181,8 @@ pub fn open<'py>(
     }
     d.set_item("rotation", decisions)?;
     d.set_item("rotation_warning", op.rotation_warning.clone())?;
+    let read = read.as_ref().map(|m| geometry_dict(py, &m.geometry));
+    d.set_item("model", read.transpose()?)?;
     Ok((PyState::wrap(op, fetch), d))
 }
 

@@ -29,32 +29,6 @@ pub struct WalkOptions {
     pub recurrent: Option<RecurrentHint>,
 }
 
-/// Architectures llama.cpp gives a recurrent memory only (`llm_arch_is_recurrent`).
-pub const RECURRENT_ARCHS: [&str; 6] =
-    ["mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"];
-/// Architectures llama.cpp gives a hybrid memory, attention caches then a recurrent part
-/// (`llm_arch_is_hybrid`).
-pub const HYBRID_ARCHS: [&str; 18] = [
-    "jamba",
-    "falcon-h1",
-    "plamo2",
-    "granitehybrid",
-    "lfm2",
-    "lfm2moe",
-    "nemotron_h",
-    "nemotron_h_moe",
-    "qwen3next",
-    "kimi-linear",
-    "bailingmoe3",
-    "kimi-k3",
-    "glm5-next",
-    "qwen35",
-    "qwen35moe",
-    "qwen4exp",
-    "deepseek4",
-    "minimax-01",
-];
-
 /// The part of a state before its first KV cache.
 #[derive(Clone)]
 struct Prefix {
@@ -335,7 +309,7 @@ fn recurrent_readings(p: &Prefix, opts: WalkOptions) -> (&'static [bool], bool) 
         };
     }
     let arch = p.arch.as_deref().unwrap_or("");
-    if RECURRENT_ARCHS.contains(&arch) || HYBRID_ARCHS.contains(&arch) {
+    if crate::model::arch::is_recurrent(arch) || crate::model::arch::is_hybrid(arch) {
         return (&[true], true);
     }
     (&[false, true], false)
@@ -345,7 +319,7 @@ fn recurrent_readings(p: &Prefix, opts: WalkOptions) -> (&'static [bool], bool) 
 /// is the recurrent part alone, with R and S records for every layer.
 fn arch_agrees(p: &Prefix, caches: &[Cache]) -> Result<()> {
     let arch = p.arch.as_deref().unwrap_or("");
-    if !RECURRENT_ARCHS.contains(&arch) {
+    if !crate::model::arch::is_recurrent(arch) {
         return Ok(());
     }
     let Some(r) = caches.iter().find(|c| c.memory.is_recurrent()) else {
