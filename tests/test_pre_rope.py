@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 import kvfast
-from kvfast.pre_rope import PreRopeError, model_rope
+from kvfast.model.pre_rope import PreRopeError, model_rope
 
 DATA = Path(__file__).parent / "data"
 QWEN3 = DATA / "models" / "tiny-qwen3.gguf"

@@ -12,7 +12,7 @@ import pytest
 
 import kvfast
 from kvfast.cli import main
-from kvfast.rotation import hadamard
+from kvfast.model.rotation import hadamard
 
 DATA = Path(__file__).parent / "data"
 SERVER = DATA / "gemma3-270m-server"
