@@ -12,8 +12,9 @@ from conftest import DATA
 from polars.testing import assert_frame_equal
 
 import kvfast
-from kvfast import dataset, export_parquet
+from kvfast import dataset
 from kvfast.cli import main
+from kvfast.dataset import export_parquet
 
 F16 = sorted(str(p) for p in DATA.glob("qwen3tiny-f16-fa*/seq-0.*"))
 KEY = ["dump", "cache", "stream", "layer", "kind", "cell", "seq_id", "head"]

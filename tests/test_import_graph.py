@@ -1,5 +1,7 @@
-"""No import circles: among kvfast's Python modules (counting imports made only for type checking
-or inside functions), and among the modules of each Rust crate (``crate::`` paths)."""
+"""No import circles: among kvfast's Python modules, every subpackage's included (counting imports
+made only for type checking or inside functions), and among the modules of each Rust crate
+(``crate::`` paths). Python modules also take no private name of another module, import private
+modules only from inside their package, and no folder holds more than 15 modules."""
 
 from __future__ import annotations
 
@@ -47,26 +49,77 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def python_graph() -> dict[str, set[str]]:
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for path in PACKAGE.glob("*.py"):
-        edges = graph.setdefault(path.stem, set())
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    parts = a.name.split(".")
-                    if parts[0] == "kvfast":
-                        edges.add(parts[1] if len(parts) > 1 else "__init__")
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                parts = node.module.split(".")
-                if parts[0] != "kvfast":
-                    continue
-                if len(parts) > 1:
-                    edges.add(parts[1])
+def python_modules() -> dict[str, Path]:
+    """Every Python module of kvfast by its dotted path relative to the package: ``read.state``,
+    ``read`` for ``read/__init__.py``, ``__init__`` for kvfast's own ``__init__.py``."""
+    out: dict[str, Path] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def package_of(name: str, path: Path) -> str:
+    """The package a module's relative imports start from ("" for kvfast itself)."""
+    if path.name == "__init__.py":
+        return "" if name == "__init__" else name
+    return name.rpartition(".")[0]
+
+
+def imported(name: str, path: Path, source: str, modules: set[str]) -> list[tuple[str, str | None]]:
+    """What a module imports from kvfast: (module imported, name taken from it or None), the
+    module a dotted path relative to kvfast ("__init__" for kvfast itself), relative imports
+    resolved. ``from kvfast.a import b`` imports module ``a.b`` when there is one, else the name
+    ``b`` of ``a``."""
+    here = package_of(name, path)
+    out: list[tuple[str, str | None]] = []
+
+    def node(dotted: str) -> str:
+        return dotted or "__init__"
+
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Import):
+            for a in n.names:
+                if a.name == "kvfast" or a.name.startswith("kvfast."):
+                    out.append((node(a.name.removeprefix("kvfast").lstrip(".")), None))
+        elif isinstance(n, ast.ImportFrom):
+            if n.level:
+                base = here.split(".") if here else []
+                base = base[: len(base) - (n.level - 1)] if n.level > 1 else base
+                target = ".".join([*base, *([n.module] if n.module else [])])
+            elif n.module == "kvfast" or (n.module or "").startswith("kvfast."):
+                target = (n.module or "").removeprefix("kvfast").lstrip(".")
+            else:
+                continue
+            for a in n.names:
+                child = f"{target}.{a.name}" if target else a.name
+                if child in modules or a.name == "_kvfast":
+                    out.append((child, None))
                 else:
-                    edges.update(a.name for a in node.names if a.name in modules)
-        edges &= modules
+                    out.append((node(target), a.name))
+    return out
+
+
+def python_graph() -> dict[str, set[str]]:
+    """Module -> the kvfast modules it imports (counting imports made only for type checking or
+    inside functions).
+
+    The rule for packages: an edge goes to the module an import names and to nothing above it.
+    Importing ``kvfast.read.state`` runs ``kvfast/read/__init__.py`` first, but that is no edge, so
+    a package ``__init__`` that re-exports its children (``model`` -> ``model.geometry``) makes no
+    circle with them. A child that takes a name from its own package's ``__init__`` (``from
+    kvfast.model import X`` inside ``model/``) is an edge to ``model`` and so a circle: it is one
+    at import time too (the ``__init__`` may not have bound the name yet).
+    """
+    modules = python_modules()
+    names = set(modules)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = graph.setdefault(name, set())
+        edges.update(m for m, _ in imported(name, path, path.read_text(), names))
+        edges &= names
     return graph
 
 
@@ -134,6 +187,26 @@ def inline_modules(text: str) -> list[tuple[int, int, str]]:
             i += 1
         out.append((m.start(), i, m[1]))
     return out
+def private_imports() -> list[str]:
+    """Each import of a private name of another module (``from kvfast.x import _y``, ``from .x
+    import _y``) and of a private module (``_x``) from outside the package holding it."""
+    modules = python_modules()
+    names = set(modules)
+    bad: list[str] = []
+    for name, path in modules.items():
+        for target, taken in imported(name, path, path.read_text(), names):
+            private = taken is not None and taken.startswith("_") and not taken.startswith("__")
+            if private and target != name:
+                bad.append(f"{name} imports {taken} of {target}")
+            parts = target.split(".")
+            for i, part in enumerate(parts):
+                if part.startswith("_") and not part.startswith("__"):
+                    owner = ".".join(parts[:i])  # the package holding the private module
+                    if owner and name != owner and not name.startswith(owner + "."):
+                        bad.append(f"{name} imports the private module {target}")
+    return bad
+
+
 
 
 def rust_graph(crate: Path) -> dict[str, set[str]]:
@@ -195,7 +268,19 @@ def rust_graph(crate: Path) -> dict[str, set[str]]:
 
 def test_the_graphs_are_read() -> None:
     py = python_graph()
-    assert "state" in py["dataset"] and "_kvfast" not in py["structure"]
+    assert "read.state" in py["dataset.states"] and "_kvfast" not in py["read.structure"]
+    assert "model.geometry" in py["model"] and "read.state" in py["__init__"]
+    mods = {"read", "read.state", "read.select", "model", "model.geometry"}
+    src = "from . import select\nfrom .select import _x\nfrom ..model import ModelGeometry\nimport kvfast\n"
+    assert imported("read.state", PACKAGE / "read" / "state.py", src, mods) == [
+        ("read.select", None),
+        ("read.select", "_x"),
+        ("model", "ModelGeometry"),
+        ("__init__", None),
+    ]
+    assert imported("read", PACKAGE / "read" / "__init__.py", "from .state import X", mods) == [
+        ("read.state", "X")
+    ]
     text = "crate::a::{b::X, c::{self, Y}, *}; super::d"
     assert use_paths(text, 0) == [
         ["crate", "a", "b", "X"],
@@ -219,6 +304,19 @@ def test_the_graphs_are_read() -> None:
 
 def test_python_modules_import_no_circle() -> None:
     assert cycles(python_graph()) == []
+
+
+def test_no_module_imports_a_private_name() -> None:
+    assert private_imports() == []
+
+
+def test_no_folder_holds_more_than_15_modules() -> None:
+    folders = {p.parent for p in PACKAGE.rglob("*.py")}
+    counts = {
+        str(f.relative_to(PACKAGE)): len([p for p in f.glob("*.py") if p.name != "__init__.py"])
+        for f in folders
+    }
+    assert {f: n for f, n in counts.items() if n > 15} == {}
 
 
 @pytest.mark.parametrize("crate", CRATES, ids=lambda p: p.name)

@@ -14,7 +14,7 @@ import pytest
 
 import kvfast
 from kvfast import _kvfast
-from kvfast.pre_rope import PreRopeError, model_rope
+from kvfast.model.pre_rope import PreRopeError, model_rope
 
 DATA = Path(__file__).parent / "data"
 QWEN3 = DATA / "models" / "tiny-qwen3.gguf"

@@ -193,7 +193,7 @@ def test_planning_reads_only_the_selected_records() -> None:
     assert {r[1] for t in tasks for r in t.records} == {1}
     assert sorted({t.path for t in tasks}) == sorted(SHARED)
     how = plan.opening(32, None, "auto", False)
-    want = sum(dataset._record_bytes(d, 0, 1, k) for _, d in states for k in "kv")
+    want = sum(dataset.record_bytes(d, 0, 1, k) for _, d in states for k in "kv")
     assert sum(t.nbytes for t in tasks) == want
     work = Work(how, sel, "values", None)
     dataset.READS.clear()

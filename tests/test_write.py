@@ -11,7 +11,7 @@ import pytest
 from conftest import DATA
 
 import kvfast
-from kvfast.write_cells import cells
+from kvfast.writing.cells import cells
 
 ALL_STATES = sorted(
     f

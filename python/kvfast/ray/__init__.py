@@ -21,13 +21,13 @@ import pyarrow as pa
 import ray
 import ray.data
 
-from kvfast import dataset
-from kvfast.model import ModelGeometry
+from kvfast.dataset import states as dataset
+from kvfast.model.geometry import ModelGeometry
+from kvfast.model.rotation import Mode
 from kvfast.ray import plan
 from kvfast.ray.exporting import export
 from kvfast.ray.source import StatesSource, Work
-from kvfast.rotation import Mode
-from kvfast.state import State
+from kvfast.read.state import State
 
 __all__ = ["export", "read_states", "stats", "to_polars"]
 
@@ -70,7 +70,7 @@ def read_states(
     how = plan.opening(head_dim, model, rotation, pre_rope)
     sel = plan.selection(filter, _chosen(locals()))
     states = _open(paths, how)
-    values_type, dtype = dataset._values_schema([d for _, d in states])
+    values_type, dtype = dataset.values_schema([d for _, d in states])
     schema = {**dataset.INDEX_SCHEMA, "values": values_type}
     _check_columns(columns, schema)
     planned = plan.plan(states, sel, False, task_bytes)
