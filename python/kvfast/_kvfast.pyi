@@ -77,14 +77,6 @@ class State:
         v_less: bool | None = None,
         recurrent: tuple[int, int] | None = None,
     ) -> State: ...
-    @staticmethod
-    def remote(
-        size: int,
-        fetch: Any,
-        cell_ext: bool | None = None,
-        v_less: bool | None = None,
-        recurrent: tuple[int, int] | None = None,
-    ) -> State: ...
     @property
     def fetched(self) -> tuple[int, int, int]: ...
     def prefetch(

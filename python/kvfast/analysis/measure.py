@@ -22,7 +22,7 @@ from kvfast.analysis.compare_modes import (
     position_tokens,
     tokens_unknown,
 )
-from kvfast.errors import KvfastError, MatchError, RotationWarning, TokenMismatchWarning
+from kvfast.errors import MatchError, RotationWarning, TokenMismatchWarning
 from kvfast.read import ggml
 from kvfast.read import select as checks
 from kvfast.read.opened import OpenState
@@ -169,23 +169,16 @@ def compare(
         raise ValueError(f"match must be 'sequence', 'position' or 'tokens', not {match!r}")
     ta, tb = position_tokens(a), position_tokens(b)
     sel = select(a, layers, kinds)
-    try:
-        if match == "sequence":
-            df = pl.DataFrame(_kvfast.compare(a._live(), b._live(), sel))
-        elif match == "position":
-            df = pl.DataFrame(_kvfast.compare_positions(a._live(), b._live(), sel))
-        else:
-            if not ta or not tb:
-                raise MatchError(tokens_unknown(a, b, ta, tb))
-            below = common_prefix(ta, tb)
-            df = pl.DataFrame(_kvfast.compare_positions(a._live(), b._live(), sel, below))
-    except ValueError as e:
-        if isinstance(e, KvfastError):
-            raise
-        hint = ""
-        if match == "sequence" and "have no cell in B" in str(e):
-            hint = " (states of different sequences compare with match='position' or match='tokens')"
-        raise MatchError(str(e) + hint) from None
+    # kvfast-core's matching raises MatchError (the binding's), a selection it lacks SelectionError
+    if match == "sequence":
+        df = pl.DataFrame(_kvfast.compare(a._live(), b._live(), sel))
+    elif match == "position":
+        df = pl.DataFrame(_kvfast.compare_positions(a._live(), b._live(), sel))
+    else:
+        if not ta or not tb:
+            raise MatchError(tokens_unknown(a, b, ta, tb))
+        below = common_prefix(ta, tb)
+        df = pl.DataFrame(_kvfast.compare_positions(a._live(), b._live(), sel, below))
     bad = differing(ta, tb) if match != "tokens" else []
     if bad and df.filter(pl.col("pos").is_in(bad)).height:
         warnings.warn(

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvfast import _kvfast
-from kvfast.errors import ModelMismatchError
 
 #: More layers than any model has (kvfast-core's bound on a cache's n_layer): bounds block_count.
 MAX_LAYERS: int = _kvfast.MAX_LAYERS
@@ -86,7 +85,4 @@ class ModelGeometry:
         One cache holds every attention layer; iSWA states hold the full-attention layers' cache,
         then the sliding-window layers' cache (or that one alone when written with PARTIAL_ONLY).
         """
-        try:
-            return _kvfast.attention_map(self.layers(), cache_layers)
-        except ValueError as e:
-            raise ModelMismatchError(str(e)) from None
+        return _kvfast.attention_map(self.layers(), cache_layers)

@@ -111,13 +111,12 @@ def selection(
     kinds: Sequence[str] | str | None = None,
     heads: Sequence[int] | None = None,
     caches: Sequence[int] | None = None,
-    head_dims: tuple[int | None, int | None] = (None, None),
     recurrent: Recurrent | None = None,
 ) -> Selection:
     """Check a table's selection against the state: caches and layers that exist (a layer in at
     least one selected cache), kinds 'k'/'v' (and 'r'/'s' of the `recurrent` part, numbered after
-    the attention caches; its rows are one head each), heads that every selected record has; none
-    twice."""
+    the attention caches), heads that are non-negative integers; none twice. Whether every selected
+    record has the heads is kvfast-core's plan to check (a :class:`kvfast.SelectionError` too)."""
     ks = None
     if kinds is not None:
         ks = _unique(
@@ -150,21 +149,4 @@ def selection(
     hs = None
     if heads is not None:
         hs = _unique("heads", [non_negative("head", h) for h in _listed("heads", heads)])
-        for ci, _, lys in chosen:
-            for ly in lys:
-                if ls is not None and ly.index not in ls:
-                    continue
-                for k in ks or KINDS:
-                    n_embd = record(ly, k)[1]
-                    if n_embd is None:
-                        continue
-                    # R and S rows have no heads: one spans the row
-                    hd = (head_dims[0] if k == "k" else head_dims[1] if k == "v" else None) or n_embd
-                    n_heads = n_embd // hd if hd else 0
-                    for h in hs:
-                        if h >= n_heads:
-                            raise SelectionError(
-                                f"head {h} out of range: cache {ci} layer {ly.index} {k.upper()}"
-                                f" has {n_heads} heads of {hd} values"
-                            )
     return Selection(cs, ls, ks, hs)

@@ -405,14 +405,12 @@ class State:
         dtype: str | None,
         caches: Sequence[int] | None = None,
     ) -> _kvfast.ArrowStream:
-        heads_ = (self.head_dim_k, self.head_dim_v)
         sel = select.selection(
             self.caches,
             layers=layers,
             kinds=kinds,
             heads=heads,
             caches=caches,
-            head_dims=heads_,
             recurrent=self._recurrent,
         )
         return self._live().table(

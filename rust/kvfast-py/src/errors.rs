@@ -129,6 +129,10 @@ impl From<Error> for PyErr {
             Error::Core(e) => core_to_py(e),
             Error::Tables(e) => arrow_to_py(e),
             Error::Open(e) => open_to_py(e),
+            // a selection the state's records do not have: the one error for a bad selection
+            Error::Plan(e) => kvfast_error("SelectionError", e.to_string(), None),
+            Error::Mismatch(m) => mismatch_to_py(m),
+            Error::Map(e) => kvfast_error("ModelMismatchError", e.to_string(), None),
             Error::Model(e) => model_to_py(e),
             Error::Python(e) => e,
             other => PyValueError::new_err(other.to_string()),
@@ -219,7 +223,8 @@ fn arrow_to_py(e: kvfast_arrow::Error) -> PyErr {
     match e {
         E::Core(c) => core_to_py(c),
         e @ (E::Write { .. } | E::Parquet(_)) => PyOSError::new_err(e.to_string()),
-        e @ (E::Plan(_) | E::Arrow(_) | E::MixedValues { .. }) => {
+        E::Plan(e) => kvfast_error("SelectionError", e.to_string(), None),
+        e @ (E::Arrow(_) | E::MixedValues { .. }) => {
             PyValueError::new_err(e.to_string())
         }
     }
@@ -285,6 +290,18 @@ fn kvfast_error(name: &str, message: String, field: Option<String>) -> PyErr {
             Err(e) => e,
         }
     })
+}
+
+/// Two states that cannot be compared: a MatchError; where the cells of one sequence have no
+/// match in the other, it says how states of different sequences compare.
+fn mismatch_to_py(m: Mismatch) -> PyErr {
+    let hint = match m {
+        Mismatch::Cells { .. } => {
+            " (states of different sequences compare with match='position' or match='tokens')"
+        }
+        _ => "",
+    };
+    kvfast_error("MatchError", format!("{m}{hint}"), None)
 }
 
 /// Convert an open error: the bytes' errors as [`core_to_py`] does, every other to its class.

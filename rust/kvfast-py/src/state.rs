@@ -218,24 +218,6 @@ impl PyState {
         PyState::plain(py, sf, None)
     }
 
-    /// Walk a remote object of `size` bytes: `fetch(ranges)` returns the bytes of each (offset,
-    /// length) range, as `bytes`; the walk fetches its metadata in a few rounds, every later pass
-    /// the rows it reads.
-    #[staticmethod]
-    #[pyo3(signature = (size, fetch, cell_ext=None, v_less=None, recurrent=None))]
-    fn remote(
-        py: Python<'_>,
-        size: u64,
-        fetch: Py<PyAny>,
-        cell_ext: Option<bool>,
-        v_less: Option<bool>,
-        recurrent: Option<(u32, u32)>,
-    ) -> Result<Self> {
-        let opts = walk_options(cell_ext, v_less, recurrent);
-        let sf = crate::remote::open(py, size, &fetch, opts)?;
-        PyState::plain(py, sf, Some(fetch))
-    }
-
     /// (bytes, rounds, ranges) fetched of a remote state; zeros for a local one.
     #[getter]
     fn fetched(&self) -> Result<(u64, u64, u64)> {
