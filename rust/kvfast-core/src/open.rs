@@ -6,13 +6,15 @@
 //! (a sample of rows, never a whole record), the RoPE to undo. Every later pass takes its
 //! [`Selection`] from [`Opened::selection`] instead of assembling one.
 
+use crate::format::layout::{Kind, Layout};
 use crate::model::geometry::{Geometry, ModelError};
 use crate::model::layer_map::{layer_map, LayerMap, MapError};
-use crate::format::layout::{Kind, Layout};
-use crate::values::rope::{Rope, RopeSpec};
-use crate::values::rotation_decide::{decide, sample_ranges, warning, BuildHint, Decision, Mode, RotationError};
 use crate::plan::select::Selection;
 use crate::source::state::State;
+use crate::values::rope::{Rope, RopeSpec};
+use crate::values::rotation_decide::{
+    decide, sample_ranges, warning, BuildHint, Decision, Mode, RotationError,
+};
 
 /// The RoPE of the model's full-attention and sliding-window layers, given its K head size.
 pub type RopeOf<'a> = &'a (dyn Fn(u64) -> Result<[Rope; 2], OpenError> + Sync);
@@ -139,7 +141,9 @@ impl Opened {
         }
         check_rows(layout, head_dims)?;
         for (offset, len) in Self::reads(layout, &opts) {
-            state.require(offset, len, || "rows sampled for the rotation decision".into())?;
+            state.require(offset, len, || {
+                "rows sampled for the rotation decision".into()
+            })?;
         }
         let rotation = decide(&state, head_dims, opts.rotation, opts.hint)?;
         let mut groups = vec![[0usize; 2]; layout.caches.len()];
@@ -194,11 +198,19 @@ impl Opened {
 }
 
 /// The model's head sizes and KV heads against every attention layer's rows.
-fn fit(layout: &Layout, m: &Geometry, map: &LayerMap, head_dim: Option<u64>) -> Result<(), OpenError> {
+fn fit(
+    layout: &Layout,
+    m: &Geometry,
+    map: &LayerMap,
+    head_dim: Option<u64>,
+) -> Result<(), OpenError> {
     if let Some(hd) = head_dim {
         if hd != m.head_dim_k {
             return Err(OpenError::Model {
-                message: format!("head_dim={hd} but the model's key_length is {}", m.head_dim_k),
+                message: format!(
+                    "head_dim={hd} but the model's key_length is {}",
+                    m.head_dim_k
+                ),
                 field: None,
             });
         }
@@ -280,7 +292,11 @@ fn rope_spec(
         ));
     };
     let attention: Vec<_> = layout.attention().collect();
-    let every: Vec<_> = attention.iter().flat_map(|c| &c.streams).flat_map(|s| &s.layers).collect();
+    let every: Vec<_> = attention
+        .iter()
+        .flat_map(|c| &c.streams)
+        .flat_map(|s| &s.layers)
+        .collect();
     if !every.is_empty() && every.iter().all(|l| l.v.is_none()) {
         // deepseek2's K row is the latent, then the roped part (k_pe) last: not a head roped from
         // its first values
@@ -303,7 +319,10 @@ fn rope_spec(
         for (li, &ml) in layers.iter().enumerate() {
             let slides = model.swa.get(ml as usize).copied().unwrap_or(false);
             let r = if slides { swa } else { global };
-            let n_embd = cache.streams.iter().find_map(|s| s.layers.get(li).map(|l| l.k.n_embd));
+            let n_embd = cache
+                .streams
+                .iter()
+                .find_map(|s| s.layers.get(li).map(|l| l.k.n_embd));
             let fits = n_embd.is_some_and(|n| r.head_dim > 0 && n % r.head_dim as u64 == 0);
             if !fits || r.n_dims % 2 != 0 || r.n_dims > r.head_dim {
                 return Err(OpenError::rope(

@@ -224,9 +224,7 @@ fn arrow_to_py(e: kvfast_arrow::Error) -> PyErr {
         E::Core(c) => core_to_py(c),
         e @ (E::Write { .. } | E::Parquet(_)) => PyOSError::new_err(e.to_string()),
         E::Plan(e) => kvfast_error("SelectionError", e.to_string(), None),
-        e @ (E::Arrow(_) | E::MixedValues { .. }) => {
-            PyValueError::new_err(e.to_string())
-        }
+        e @ (E::Arrow(_) | E::MixedValues { .. }) => PyValueError::new_err(e.to_string()),
     }
 }
 

@@ -13,8 +13,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::errors::{Error, Result};
-use crate::rope_args::RopeArgs;
 use crate::model_read::geometry_dict;
+use crate::rope_args::RopeArgs;
 use crate::state::{caches_list, info_dict, PyState};
 
 /// A model's geometry as Python's `ModelGeometry` holds it (its fields, by name).

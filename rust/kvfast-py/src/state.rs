@@ -5,14 +5,14 @@ use std::sync::{Arc, RwLock};
 
 use kvfast_arrow::rows::record_rows;
 use kvfast_arrow::table::{batches, TableRequest};
+use kvfast_core::format::recurrent::RecurrentHint;
 use kvfast_core::model::layer_map::{model_layer, LayerMap};
 use kvfast_core::open::{OpenOptions, Opened};
 use kvfast_core::plan::records::{records, records_table};
-use kvfast_core::format::recurrent::RecurrentHint;
-use kvfast_core::values::rope::{rope_of, CellRope, RopeSpec};
-use kvfast_core::values::rotation_decide::Mode;
 use kvfast_core::plan::select::{jobs, Selection};
 use kvfast_core::plan::table_plan::{out_type, Dtype, Out};
+use kvfast_core::values::rope::{rope_of, CellRope, RopeSpec};
+use kvfast_core::values::rotation_decide::Mode;
 use kvfast_core::{GgmlType, Kind, Record, State, WalkOptions};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -276,7 +276,10 @@ impl PyState {
     /// cache, layer, model_layer, kind, type, n_embd, nbytes.
     fn records(&self) -> Result<ArrowStream> {
         let sf = self.get()?;
-        Ok(finish(records_table(&records(&sf.layout, &sf.model_layers))))
+        Ok(finish(records_table(&records(
+            &sf.layout,
+            &sf.model_layers,
+        ))))
     }
 
     /// The rotation groups decided at open.
@@ -478,9 +481,9 @@ pub(crate) fn info_dict<'py>(py: Python<'py>, sf: &State) -> Result<Bound<'py, P
 
 /// Caches as lists of stream dicts (metadata arrays as little-endian i32 buffers).
 pub(crate) fn caches_list<'py>(
-py: Python<'py>,
-sf: &State,
-map: &LayerMap,
+    py: Python<'py>,
+    sf: &State,
+    map: &LayerMap,
 ) -> Result<Bound<'py, PyList>> {
     let caches = PyList::empty(py);
     for (ci, c) in sf.layout.caches.iter().enumerate() {

@@ -24,11 +24,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::model::arch;
 use crate::format::cells::{MAX_EMBD, MAX_LAYERS};
+use crate::format::recurrent::RecurrentHint;
+use crate::model::arch;
 use crate::model::gguf::{read_metadata, Value};
 use crate::model::layer_map::ModelLayers;
-use crate::format::recurrent::RecurrentHint;
 use crate::values::rope::Rope;
 
 /// What splits a state's rows into heads and its caches' layers into the model's layers.

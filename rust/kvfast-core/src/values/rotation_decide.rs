@@ -12,8 +12,8 @@
 //! stored and the decision is marked uncertain ([`warning`] says so, naming the options).
 
 use crate::format::layout::{Kind, Layout, Record};
-use crate::values::rotation::{era, k_group, v_group, Era, MIN_GROUP};
 use crate::source::state::State;
+use crate::values::rotation::{era, k_group, v_group, Era, MIN_GROUP};
 use crate::values::view::RecordView;
 
 /// Cells per record, and records per cache and kind, that the values test reads.
@@ -107,7 +107,11 @@ fn records(layout: &Layout, cache: usize, kind: Kind) -> Vec<(&Record, usize)> {
 /// The records the values test reads of one cache and kind: every `len / SAMPLE_LAYERS`-th.
 fn sampled<'a>(recs: &[(&'a Record, usize)]) -> Vec<(&'a Record, usize)> {
     let step = (recs.len() / SAMPLE_LAYERS).max(1);
-    recs.iter().step_by(step).take(SAMPLE_LAYERS).copied().collect()
+    recs.iter()
+        .step_by(step)
+        .take(SAMPLE_LAYERS)
+        .copied()
+        .collect()
 }
 
 /// The byte ranges (offset, length) the values test may read: what a remote state must have
@@ -240,10 +244,18 @@ impl Ctx<'_> {
             })
         };
         if self.mode == Mode::None {
-            return Ok(rot(false, None, "rotation='none': values as stored".into(), true));
+            return Ok(rot(
+                false,
+                None,
+                "rotation='none': values as stored".into(),
+                true,
+            ));
         }
         if ty.is_float() {
-            let why = format!("{} cache: llama.cpp rotates only quantized caches", ty.name());
+            let why = format!(
+                "{} cache: llama.cpp rotates only quantized caches",
+                ty.name()
+            );
             return Ok(rot(false, None, why, true));
         }
         if self.k_only && self.mode == Mode::Auto {
@@ -258,8 +270,9 @@ impl Ctx<'_> {
                     _ => v_group(ty, Some(hd)),
                 };
                 let Some(g) = group else {
-                    let why =
-                        format!("head size {hd} is not a multiple of 64: llama.cpp does not rotate");
+                    let why = format!(
+                        "head size {hd} is not a multiple of 64: llama.cpp does not rotate"
+                    );
                     return Ok(rot(false, None, why, true));
                 };
                 (vec![g], format!("head size {hd}"))
@@ -315,7 +328,12 @@ impl Ctx<'_> {
             return Ok(rot(false, None, why, true));
         }
         if believed == Some(true) && self.head_dim.is_some() {
-            return Ok(rot(true, Some(candidates[0]), format!("{why}; {known}"), true));
+            return Ok(rot(
+                true,
+                Some(candidates[0]),
+                format!("{why}; {known}"),
+                true,
+            ));
         }
         let margin = if believed == Some(true) {
             MARGIN_CONFIRM
@@ -335,12 +353,7 @@ impl Ctx<'_> {
 
     /// Measured on a sample of records: the basis of largest median kurtosis wins if it is clearly
     /// non-Gaussian and clearly above the other reading (as stored, or undone).
-    fn by_values(
-        &self,
-        recs: &[(&Record, usize)],
-        candidates: &[usize],
-        margin: f64,
-    ) -> Measured {
+    fn by_values(&self, recs: &[(&Record, usize)], candidates: &[usize], margin: f64) -> Measured {
         let mut per_layer: Vec<Vec<f64>> = vec![]; // [as stored, each candidate]
         for (rec, cells) in sampled(recs) {
             let n = cells.min(SAMPLE_CELLS);
@@ -388,12 +401,19 @@ impl Ctx<'_> {
             return (None, text);
         }
         let clear = if winner == 0 {
-            let best = median[1..].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let best = median[1..]
+                .iter()
+                .cloned()
+                .fold(f64::NEG_INFINITY, f64::max);
             median[0] >= margin * best
         } else {
             median[winner] >= margin * median[0]
         };
-        let group = if winner == 0 { 0 } else { candidates[winner - 1] };
+        let group = if winner == 0 {
+            0
+        } else {
+            candidates[winner - 1]
+        };
         (clear.then_some(group), text)
     }
 }
