@@ -25,6 +25,7 @@ from kvfast.errors import (
     SelectionError,
     TruncatedError,
     UnsupportedVersionError,
+    WriteError,
 )
 from kvfast.export import ExportError, export
 from kvfast.export_read import export_schema, scan_export
@@ -34,7 +35,6 @@ from kvfast.rotation import Rotation, RotationError, RotationWarning
 from kvfast.state import State, open
 from kvfast.structure import Cache, Layer, Stream
 from kvfast.write import write
-from kvfast.write_cells import WriteError
 
 #: The former name of :class:`State`, kept so code written against it runs.
 Dump = State

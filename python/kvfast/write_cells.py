@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
-from kvfast.errors import KvfastError
+from kvfast.errors import WriteError
 
 if TYPE_CHECKING:
     from kvfast.state import State
@@ -26,18 +26,7 @@ STATS = ["l2", "absmax", "mean", "std", "min", "max"]
 #: The statistics columns :func:`cells` can carry.
 STAT_COLUMNS = [f"{k}_{s}" for k in ("k", "v") for s in STATS]
 
-
-class WriteError(KvfastError, ValueError):
-    """An edit :func:`kvfast.write` cannot make: ``field`` names the argument (or the state's
-    field) and what was expected."""
-
-    kind = "write"
-    offset: int | None = None
-    field: str | None = None
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
+__all__ = ["STAT_COLUMNS", "WriteError", "cells", "keep_mask", "kept_positions"]
 
 
 def cells(dump: State, stats: Sequence[str] = ()) -> pl.DataFrame:

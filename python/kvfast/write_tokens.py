@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvfast.write_cells import WriteError
+from kvfast.errors import WriteError
 
 if TYPE_CHECKING:
     from kvfast.state import State
