@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use kvfast_core::write::edit::{concat, Replace, Retype};
 use kvfast_core::format::cells::MAX_SEQ;
+use kvfast_core::write::edit::{concat, Replace, Retype};
 use kvfast_core::write::parts::{Format, StateParts, WRITE_VERSIONS};
 use kvfast_core::write::seq_id;
 use kvfast_core::GgmlType;

@@ -65,21 +65,24 @@ impl Rows {
         let n = self.n_embd as usize;
         let rb = ty.row_bytes(self.n_embd).ok_or_else(|| {
             err(
-                format!("{} record type", self.kind), format!("cache_type_{}", self.kind),
+                format!("{} record type", self.kind),
+                format!("cache_type_{}", self.kind),
                 format!("a type whose blocks divide the {n} values of a row"),
                 ty,
             )
         })? as usize;
         if n > 0 && values.len() % n != 0 {
             return Err(err(
-                format!("{} record values", self.kind), "values",
+                format!("{} record values", self.kind),
+                "values",
                 format!("whole rows of {n} values"),
                 values.len(),
             ));
         }
         if group > 0 && n % group != 0 {
             return Err(err(
-                format!("{} record rotation group", self.kind), format!("cache_type_{}", self.kind),
+                format!("{} record rotation group", self.kind),
+                format!("cache_type_{}", self.kind),
                 format!("a group dividing the {n} values of a row"),
                 group,
             ));
@@ -130,7 +133,8 @@ fn stream_at(parts: &mut StateParts, cache: usize, stream: usize) -> Result<&mut
     let ns = c.streams.len();
     c.streams.get_mut(stream).ok_or_else(|| {
         err(
-            format!("cache {cache} stream"), "values",
+            format!("cache {cache} stream"),
+            "values",
             format!("a stream below {ns}"),
             stream,
         )
@@ -154,7 +158,8 @@ impl StateParts {
             }
             if kc.len() != c.streams.len() {
                 return Err(err(
-                    format!("cache {ci} keep"), "keep",
+                    format!("cache {ci} keep"),
+                    "keep",
                     format!("a mask for each of its {} streams", c.streams.len()),
                     kc.len(),
                 ));
@@ -162,7 +167,8 @@ impl StateParts {
             for (si, (s, ks)) in c.streams.iter_mut().zip(kc).enumerate() {
                 if ks.len() != s.cells.len() {
                     return Err(err(
-                        format!("cache {ci} stream {si} keep"), "keep",
+                        format!("cache {ci} stream {si} keep"),
+                        "keep",
                         format!("a flag for each of its {} cells", s.cells.len()),
                         ks.len(),
                     ));
@@ -198,7 +204,8 @@ impl StateParts {
                     seqs.sort_unstable();
                     if seqs.windows(2).any(|w| w[0] == w[1]) {
                         return Err(err(
-                            format!("cell {i} seq_id"), "seq_id",
+                            format!("cell {i} seq_id"),
+                            "seq_id",
                             "distinct sequences after renaming",
                             format!("{:?} renamed to {seqs:?}", cell.seqs),
                         ));
@@ -213,7 +220,8 @@ impl StateParts {
                 seen.sort_unstable();
                 if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
                     return Err(err(
-                        "seq_id", "seq_id",
+                        "seq_id",
+                        "seq_id",
                         "one cell per sequence and position after renaming (two sequences \
                          renamed to one)",
                         format!("sequence {} twice at position {}", w[0].0, w[0].1),
@@ -309,7 +317,8 @@ impl StateParts {
                         .find(|v| !v.ty.is_float())
                     {
                         return Err(err(
-                            format!("cache {ci} v type"), "v_trans",
+                            format!("cache {ci} v type"),
+                            "v_trans",
                             "f32, f16 or bf16 (only plain float V can be transposed)",
                             v.ty,
                         ));
@@ -324,13 +333,18 @@ impl StateParts {
     /// Requantize one kind of one attention cache.
     pub fn retype(&mut self, r: Retype) -> Result<()> {
         let n = self.caches.len();
-        let c = self
-            .caches
-            .get_mut(r.cache)
-            .ok_or_else(|| err("cache", format!("cache_type_{}", r.kind), format!("a cache below {n}"), r.cache))?;
+        let c = self.caches.get_mut(r.cache).ok_or_else(|| {
+            err(
+                "cache",
+                format!("cache_type_{}", r.kind),
+                format!("a cache below {n}"),
+                r.cache,
+            )
+        })?;
         if c.memory.is_recurrent() || r.kind.is_recurrent() {
             return Err(err(
-                format!("cache {} {} type", r.cache, r.kind), format!("cache_type_{}", r.kind),
+                format!("cache {} {} type", r.cache, r.kind),
+                format!("cache_type_{}", r.kind),
                 "K or V of an attention cache (llama.cpp keeps the recurrent part in f32)",
                 r.kind,
             ));
@@ -368,7 +382,8 @@ impl StateParts {
         let (nl, cells) = (s.layers.len(), s.cells.len());
         let layer = s.layers.get_mut(r.layer).ok_or_else(|| {
             err(
-                format!("cache {} stream {} layer", r.cache, r.stream), "values",
+                format!("cache {} stream {} layer", r.cache, r.stream),
+                "values",
                 format!("a layer below {nl}"),
                 r.layer,
             )
@@ -380,7 +395,8 @@ impl StateParts {
                 Some(v) => v,
                 None => {
                     return Err(err(
-                        format!("cache {} layer {} kind", r.cache, r.layer), "values",
+                        format!("cache {} layer {} kind", r.cache, r.layer),
+                        "values",
                         "a kind the layer has a record of",
                         r.kind,
                     ))
@@ -393,7 +409,8 @@ impl StateParts {
                 format!(
                     "cache {} stream {} layer {} {} values",
                     r.cache, r.stream, r.layer, r.kind
-                ), "values",
+                ),
+                "values",
                 format!("{cells} cells x {} values = {want}", rec.n_embd),
                 r.values.len(),
             ));
@@ -422,7 +439,8 @@ impl StateParts {
         } else {
             if let Some((ci, _, i)) = self.shared_cell() {
                 return Err(err(
-                    format!("cache {ci} cell {i} seq_id"), "seq_id",
+                    format!("cache {ci} cell {i} seq_id"),
+                    "seq_id",
                     "one sequence per cell in a sequence state: choose one with seq_id=",
                     "several sequences",
                 ));
@@ -451,7 +469,8 @@ impl StateParts {
             }
             if !format.n_stream && c.streams.len() != 1 {
                 return Err(err(
-                    "n_stream", "container",
+                    "n_stream",
+                    "container",
                     "one stream (the target format has no n_stream field)",
                     c.streams.len(),
                 ));
@@ -474,7 +493,8 @@ impl StateParts {
         }
         if format.outputs && self.outputs.is_none() {
             return Err(err(
-                "outputs", "version",
+                "outputs",
+                "version",
                 "the outputs block of the source (only a 2025 state has one to write)",
                 "none",
             ));
@@ -534,14 +554,16 @@ pub fn concat(parts: Vec<StateParts>, share: bool) -> Result<StateParts> {
         let mine = seqs_of(&out);
         if let Some(q) = seqs_of(&p).into_iter().find(|q| mine.contains(q)) {
             return Err(err(
-                format!("state {n} seq_id"), "seq_id",
+                format!("state {n} seq_id"),
+                "seq_id",
                 "sequences no earlier state holds (rename them with seq_id=)",
                 q,
             ));
         }
         if p.caches.len() != out.caches.len() {
             return Err(err(
-                format!("state {n} caches"), "source",
+                format!("state {n} caches"),
+                "source",
                 format!("{} caches as state 0", out.caches.len()),
                 p.caches.len(),
             ));
@@ -574,7 +596,8 @@ fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts, share: boo
     let at = format!("state {n} cache {ci}");
     if a.memory != b.memory || a.streams.len() != b.streams.len() {
         return Err(err(
-            at, "source",
+            at,
+            "source",
             format!(
                 "a {} cache of {} streams as in state 0",
                 a.memory.name(),
@@ -595,7 +618,8 @@ fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts, share: boo
         let at = format!("state {n} cache {ci} stream {si}");
         if x.v_trans != y.v_trans || x.layers.len() != y.layers.len() {
             return Err(err(
-                format!("{at} layers"), "source",
+                format!("{at} layers"),
+                "source",
                 format!(
                     "{} layers, v_trans {} as in state 0",
                     x.layers.len(),
@@ -611,7 +635,8 @@ fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts, share: boo
                 (None, None) => {}
                 _ => {
                     return Err(err(
-                        format!("{at} layer {li} v"), "source",
+                        format!("{at} layer {li} v"),
+                        "source",
                         "V records in both or neither",
                         "one",
                     ))
@@ -635,7 +660,8 @@ fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts, share: boo
 fn rows_agree(at: &str, li: usize, a: &Rows, b: &Rows) -> Result<()> {
     if a.ty != b.ty || a.n_embd != b.n_embd {
         return Err(err(
-            format!("{at} layer {li} {}", b.kind), "source",
+            format!("{at} layer {li} {}", b.kind),
+            "source",
             format!("{} rows of {} values as in state 0", a.ty, a.n_embd),
             format!("{} rows of {} values", b.ty, b.n_embd),
         ));

@@ -66,11 +66,20 @@ mod tests {
     #[test]
     fn containers_versions_and_sequence_ids_are_checked_here() {
         assert_eq!(field(Format::named("gguf", None).unwrap_err()), "container");
-        assert_eq!(field(Format::named("ggsq", Some(4)).unwrap_err()), "version");
+        assert_eq!(
+            field(Format::named("ggsq", Some(4)).unwrap_err()),
+            "version"
+        );
         assert_eq!(field(Format::named("seq", Some(3)).unwrap_err()), "version");
         let f = Format::named("ggsq", Some(2)).unwrap();
-        assert_eq!((f.container, f.version, f.ext_bytes), (Container::Ggsq, Some(2), 8));
-        assert_eq!(Format::named("ggsn", None).unwrap(), Format::newest(Container::Ggsn));
+        assert_eq!(
+            (f.container, f.version, f.ext_bytes),
+            (Container::Ggsq, Some(2), 8)
+        );
+        assert_eq!(
+            Format::named("ggsn", None).unwrap(),
+            Format::newest(Container::Ggsn)
+        );
         assert_eq!(seq_id(255).unwrap(), 255);
         for bad in [-1, 256, 1 << 40] {
             assert_eq!(field(seq_id(bad).unwrap_err()), "seq_id");
