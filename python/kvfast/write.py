@@ -78,7 +78,9 @@ def _target_group(d: State, cache: int, kind: str, ty: str, rotate: bool) -> int
     return int(_kvfast.rotation_group(kind, ty, head) or 0)
 
 
-def _retype(d: State, types: dict[str, str | None], rotate: bool) -> tuple[list[Any], list[list[int]]]:
+def _retype(
+    d: State, types: dict[str, str | None], rotate: bool, v_trans: bool | None
+) -> tuple[list[Any], list[list[int]]]:
     """The retypings of every attention cache, and the group each (cache, kind) ends stored in."""
     out: list[Any] = []
     final = [[_stored_group(d, ci, k) for k in ("k", "v")] for ci in range(len(d.caches))]
@@ -92,7 +94,9 @@ def _retype(d: State, types: dict[str, str | None], rotate: bool) -> tuple[list[
             if not have:
                 continue
             frm = _stored_group(d, ci, kind)
-            to = _target_group(d, ci, kind, ty, rotate)
+            # a V stored transposed is not requantized (kvfast-core refuses it, saying why): no group
+            transposed = any(s.v_trans for s in c.streams) if v_trans is None else v_trans
+            to = 0 if kind == "v" and transposed else _target_group(d, ci, kind, ty, rotate)
             if have != {ty} or frm != to:
                 out.append((ci, kind, ty, frm, to))
             final[ci][kind == "v"] = to
@@ -221,7 +225,7 @@ def write(
     for i, d in enumerate(sources):
         d._live()
         q = seq_id if isinstance(seq_id, int) or seq_id is None else seq_id[i]
-        retype, final = _retype(d, {"k": cache_type_k, "v": cache_type_v}, rotate)
+        retype, final = _retype(d, {"k": cache_type_k, "v": cache_type_v}, rotate, v_trans)
         mask = None if keep is None else keep_mask(d, keep, sync)
         seqs = _sequences(d)
         whole = d.container in ("ggsn", "state")
