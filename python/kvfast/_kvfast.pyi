@@ -6,10 +6,14 @@ from typing import Any, final
 
 __version__: str
 MAX_LAYERS: int
+MAX_SEQ: int
 MAX_VALUES: int
+WRITE_VERSIONS: dict[str, list[int]]
 __all__ = [
     "MAX_LAYERS",
+    "MAX_SEQ",
     "MAX_VALUES",
+    "WRITE_VERSIONS",
     "AmbiguousError",
     "ArrowStream",
     "ByteView",

@@ -79,16 +79,16 @@ class RotationWarning(UserWarning):
     """kvfast could not be sure whether, or in which group, a quantized cache is stored rotated."""
 
 
-class PreRopeError(KvfastError, ValueError):
-    """Keys before RoPE were asked for and cannot be given: no model, or a model whose RoPE kvfast
-    does not undo (``field`` names the GGUF key or argument)."""
+class WriteError(KvfastError, ValueError):
+    """An edit :func:`kvfast.write` cannot make: ``field`` names the argument (or the state's
+    field) and what was expected."""
 
-    kind = "pre_rope"
-    offset = None
+    kind = "write"
+    offset: int | None = None
     field: str | None = None
 
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
         self.field = field
 
 

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 import kvfast
+from kvfast import _kvfast
 from kvfast.analysis import prune
 from kvfast.cli.args import non_negative_int
 from kvfast.read import ggml
@@ -61,7 +62,7 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head-dim", type=int, help="values per head, when no model is given")
     p.add_argument(
         "--container",
-        choices=["seq", "ggsq", "ggsn", "state"],
+        choices=list(_kvfast.WRITE_VERSIONS),
         help="seq (llama_state_seq_get_data), ggsq (seq_save_file, llama-server slots), ggsn"
         " (state_save_file), state (state_get_data); default: the source's",
     )

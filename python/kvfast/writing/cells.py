@@ -26,6 +26,8 @@ STATS = ["l2", "absmax", "mean", "std", "min", "max"]
 #: The statistics columns :func:`cells` can carry.
 STAT_COLUMNS = [f"{k}_{s}" for k in ("k", "v") for s in STATS]
 
+__all__ = ["STAT_COLUMNS", "WriteError", "cells", "keep_mask", "kept_positions"]
+
 
 def cells(dump: State, stats: Sequence[str] = ()) -> pl.DataFrame:
     """One row per cell of every attention cache, in (cache, stream, cell) order; ``stats`` adds

@@ -33,6 +33,10 @@ pub enum Error {
     /// kvfast does not undo (PreRopeError), or its header that cannot be read (a core error).
     #[error(transparent)]
     Model(#[from] kvfast_core::model::geometry::ModelError),
+    /// A write the core's writer cannot make (kvfast's WriteError, `field` the argument), or the
+    /// bytes it reads (a core error).
+    #[error(transparent)]
+    Write(#[from] kvfast_core::write::WriteError),
     /// Two states that cannot be compared (kvfast.compare makes it a MatchError).
     #[error(transparent)]
     Mismatch(#[from] Mismatch),
@@ -134,6 +138,7 @@ impl From<Error> for PyErr {
             Error::Mismatch(m) => mismatch_to_py(m),
             Error::Map(e) => kvfast_error("ModelMismatchError", e.to_string(), None),
             Error::Model(e) => model_to_py(e),
+            Error::Write(e) => write_to_py(e),
             Error::Python(e) => e,
             other => PyValueError::new_err(other.to_string()),
         }
@@ -327,6 +332,25 @@ fn model_to_py(e: kvfast_core::model::geometry::ModelError) -> PyErr {
         E::Read(e) => core_to_py(e),
         E::Metadata { field, message } => kvfast_error("ModelMismatchError", message, Some(field)),
         E::Rope { field, message } => kvfast_error("PreRopeError", message, Some(field)),
+    }
+}
+
+/// A write error as kvfast's: a bad request `kvfast.errors.WriteError(field, message)`, the bytes'
+/// errors as [`core_to_py`] makes them.
+fn write_to_py(e: kvfast_core::write::WriteError) -> PyErr {
+    use kvfast_core::write::WriteError as E;
+    match e {
+        E::Read(e) => core_to_py(e),
+        E::Request { field, message } => Python::attach(|py| {
+            let made = py
+                .import("kvfast.errors")
+                .and_then(|m| m.getattr("WriteError"))
+                .and_then(|cls| cls.call1((field, message)));
+            match made {
+                Ok(v) => PyErr::from_value(v),
+                Err(e) => e,
+            }
+        }),
     }
 }
 

@@ -37,7 +37,7 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compare_modes::compare_positions, m)?)?;
     m.add_function(wrap_pyfunction!(rotation::rotation_group, m)?)?;
     m.add_function(wrap_pyfunction!(types::ggml_types, m)?)?;
-    m.add_function(wrap_pyfunction!(write::write_state, m)?)?;
+    write::register(m)?;
     m.add_function(wrap_pyfunction!(parquet_write::write_parquet, m)?)?;
     model_read::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

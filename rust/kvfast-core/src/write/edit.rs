@@ -3,25 +3,32 @@
 //! (llama.cpp's rotation undone and applied again) or given new values; the parts brought to
 //! another container's format.
 
-use crate::error::{Error, Result};
-use crate::format::cells::MAX_SEQ;
 use crate::format::layout::{Container, Kind, Memory};
 use crate::format::types::GgmlType;
 use crate::values::decode::decode_row;
 use crate::values::quantize::quantize_row;
 use crate::values::rotation::hadamard_groups;
 use crate::write::parts::{CacheParts, Format, Rows, StateParts, StreamParts};
+use crate::write::{seq_id, Result, WriteError};
 
 /// llama.cpp's LLAMA_TOKEN_NULL: the token of a cell the extension knows none for.
 pub const TOKEN_NULL: i32 = -1;
 
+/// A request the edit cannot make: `what` it is about, in the argument `field`.
 fn err(
+    what: impl Into<String>,
     field: impl Into<String>,
-    at: u64,
     expected: impl Into<String>,
     found: impl std::fmt::Display,
-) -> Error {
-    Error::format(field, at as usize, expected, found)
+) -> WriteError {
+    let (what, field) = (what.into(), field.into());
+    let expected = expected.into();
+    let message = if what == field {
+        format!("expected {expected}, found {found}")
+    } else {
+        format!("{what}: expected {expected}, found {found}")
+    };
+    WriteError::Request { field, message }
 }
 
 impl Rows {
@@ -59,7 +66,7 @@ impl Rows {
         let rb = ty.row_bytes(self.n_embd).ok_or_else(|| {
             err(
                 format!("{} record type", self.kind),
-                self.at,
+                format!("cache_type_{}", self.kind),
                 format!("a type whose blocks divide the {n} values of a row"),
                 ty,
             )
@@ -67,7 +74,7 @@ impl Rows {
         if n > 0 && values.len() % n != 0 {
             return Err(err(
                 format!("{} record values", self.kind),
-                self.at,
+                "values",
                 format!("whole rows of {n} values"),
                 values.len(),
             ));
@@ -75,7 +82,7 @@ impl Rows {
         if group > 0 && n % group != 0 {
             return Err(err(
                 format!("{} record rotation group", self.kind),
-                self.at,
+                format!("cache_type_{}", self.kind),
                 format!("a group dividing the {n} values of a row"),
                 group,
             ));
@@ -122,12 +129,12 @@ fn stream_at(parts: &mut StateParts, cache: usize, stream: usize) -> Result<&mut
     let c = parts
         .caches
         .get_mut(cache)
-        .ok_or_else(|| err("cache", 0, format!("a cache below {n}"), cache))?;
-    let (at, ns) = (c.at, c.streams.len());
+        .ok_or_else(|| err("cache", "values", format!("a cache below {n}"), cache))?;
+    let ns = c.streams.len();
     c.streams.get_mut(stream).ok_or_else(|| {
         err(
             format!("cache {cache} stream"),
-            at,
+            "values",
             format!("a stream below {ns}"),
             stream,
         )
@@ -144,8 +151,7 @@ impl StateParts {
             }
             if c.memory.is_recurrent() && kc.iter().flatten().any(|k| !k) {
                 return Err(err(
-                    format!("cache {ci} cells"),
-                    c.at,
+                    format!("cache {ci} cells"), "keep",
                     "every cell of the recurrent part (one per sequence: drop a sequence with seq_id=)",
                     "cells dropped",
                 ));
@@ -153,7 +159,7 @@ impl StateParts {
             if kc.len() != c.streams.len() {
                 return Err(err(
                     format!("cache {ci} keep"),
-                    c.at,
+                    "keep",
                     format!("a mask for each of its {} streams", c.streams.len()),
                     kc.len(),
                 ));
@@ -162,7 +168,7 @@ impl StateParts {
                 if ks.len() != s.cells.len() {
                     return Err(err(
                         format!("cache {ci} stream {si} keep"),
-                        s.at,
+                        "keep",
                         format!("a flag for each of its {} cells", s.cells.len()),
                         ks.len(),
                     ));
@@ -187,9 +193,7 @@ impl StateParts {
     /// Rename sequences: every `(from, to)` pair, in every cell and the io header at once.
     pub fn rename(&mut self, map: &[(i32, i32)]) -> Result<()> {
         for &(_, to) in map {
-            if to < 0 || to as u32 >= MAX_SEQ {
-                return Err(err("seq_id", 0, format!("0 to {}", MAX_SEQ - 1), to));
-            }
+            seq_id(to.into())?;
         }
         let f = |q: i32| map.iter().find(|m| m.0 == q).map_or(q, |m| m.1);
         self.seq_id = self.seq_id.map(f);
@@ -201,7 +205,7 @@ impl StateParts {
                     if seqs.windows(2).any(|w| w[0] == w[1]) {
                         return Err(err(
                             format!("cell {i} seq_id"),
-                            s.at,
+                            "seq_id",
                             "distinct sequences after renaming",
                             format!("{:?} renamed to {seqs:?}", cell.seqs),
                         ));
@@ -217,7 +221,7 @@ impl StateParts {
                 if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
                     return Err(err(
                         "seq_id",
-                        s.at,
+                        "seq_id",
                         "one cell per sequence and position after renaming (two sequences \
                          renamed to one)",
                         format!("sequence {} twice at position {}", w[0].0, w[0].1),
@@ -231,8 +235,14 @@ impl StateParts {
     /// Keep sequence `seq` alone, as a per-sequence save does: attention cells that hold it list
     /// it alone, the recurrent part's cell lists none; every other cell is dropped.
     pub fn extract(&mut self, seq: i32) -> Result<()> {
+        let held = seqs_of(self);
+        if !held.contains(&seq) {
+            return Err(WriteError::request(
+                "seq_id",
+                format!("the state holds sequences {held:?}, not {seq}"),
+            ));
+        }
         let mut keep = Vec::new();
-        let mut found = false;
         for c in &self.caches {
             keep.push(
                 c.streams
@@ -245,10 +255,6 @@ impl StateParts {
                     })
                     .collect::<Vec<_>>(),
             );
-            found |= keep.last().into_iter().flatten().flatten().any(|k| *k);
-        }
-        if !found {
-            return Err(err("seq_id", 0, "a sequence the state holds", seq));
         }
         // the recurrent part's cells of other sequences go too (keep refuses that: do it here)
         for (c, kc) in self.caches.iter_mut().zip(&mut keep) {
@@ -312,7 +318,7 @@ impl StateParts {
                     {
                         return Err(err(
                             format!("cache {ci} v type"),
-                            v.at,
+                            "v_trans",
                             "f32, f16 or bf16 (only plain float V can be transposed)",
                             v.ty,
                         ));
@@ -327,14 +333,18 @@ impl StateParts {
     /// Requantize one kind of one attention cache.
     pub fn retype(&mut self, r: Retype) -> Result<()> {
         let n = self.caches.len();
-        let c = self
-            .caches
-            .get_mut(r.cache)
-            .ok_or_else(|| err("cache", 0, format!("a cache below {n}"), r.cache))?;
+        let c = self.caches.get_mut(r.cache).ok_or_else(|| {
+            err(
+                "cache",
+                format!("cache_type_{}", r.kind),
+                format!("a cache below {n}"),
+                r.cache,
+            )
+        })?;
         if c.memory.is_recurrent() || r.kind.is_recurrent() {
             return Err(err(
                 format!("cache {} {} type", r.cache, r.kind),
-                c.at,
+                format!("cache_type_{}", r.kind),
                 "K or V of an attention cache (llama.cpp keeps the recurrent part in f32)",
                 r.kind,
             ));
@@ -342,8 +352,7 @@ impl StateParts {
         for s in &mut c.streams {
             if s.v_trans && r.kind == Kind::V && !r.ty.is_float() {
                 return Err(err(
-                    format!("cache {} v type", r.cache),
-                    s.at,
+                    format!("cache {} v type", r.cache), "cache_type_v",
                     "f32, f16 or bf16: this V is transposed (written without flash attention), and \
                      llama.cpp keeps a quantized V only with flash attention, untransposed",
                     r.ty,
@@ -370,11 +379,11 @@ impl StateParts {
     /// Give one record new values (before any cell is dropped).
     pub fn replace(&mut self, r: &Replace) -> Result<()> {
         let s = stream_at(self, r.cache, r.stream)?;
-        let (at, nl, cells) = (s.at, s.layers.len(), s.cells.len());
+        let (nl, cells) = (s.layers.len(), s.cells.len());
         let layer = s.layers.get_mut(r.layer).ok_or_else(|| {
             err(
                 format!("cache {} stream {} layer", r.cache, r.stream),
-                at,
+                "values",
                 format!("a layer below {nl}"),
                 r.layer,
             )
@@ -387,7 +396,7 @@ impl StateParts {
                 None => {
                     return Err(err(
                         format!("cache {} layer {} kind", r.cache, r.layer),
-                        at,
+                        "values",
                         "a kind the layer has a record of",
                         r.kind,
                     ))
@@ -401,7 +410,7 @@ impl StateParts {
                     "cache {} stream {} layer {} {} values",
                     r.cache, r.stream, r.layer, r.kind
                 ),
-                rec.at,
+                "values",
                 format!("{cells} cells x {} values = {want}", rec.n_embd),
                 r.values.len(),
             ));
@@ -416,12 +425,11 @@ impl StateParts {
     pub fn to_format(&mut self, format: Format, tokens: Option<&[i32]>) -> Result<()> {
         if !format.is_sequence() {
             if self.arch.is_none() {
-                return Err(err(
+                return Err(WriteError::request(
                     "arch",
-                    0,
-                    "the model's architecture name (a whole state starts with it; a sequence \
-                     state has none: give arch= or model=)",
-                    "none",
+                    "a whole state starts with the model's architecture name, and this sequence \
+                     state has none: open it with model= or pass arch= (--model / --arch on the \
+                     command line)",
                 ));
             }
             // cells listing no sequence are a sequence state's (the recurrent part's, or a 2025
@@ -429,10 +437,10 @@ impl StateParts {
             let q = self.own_seq().unwrap_or(0);
             self.own(q);
         } else {
-            if let Some((ci, c, i)) = self.shared_cell() {
+            if let Some((ci, _, i)) = self.shared_cell() {
                 return Err(err(
                     format!("cache {ci} cell {i} seq_id"),
-                    c,
+                    "seq_id",
                     "one sequence per cell in a sequence state: choose one with seq_id=",
                     "several sequences",
                 ));
@@ -462,7 +470,7 @@ impl StateParts {
             if !format.n_stream && c.streams.len() != 1 {
                 return Err(err(
                     "n_stream",
-                    c.at,
+                    "container",
                     "one stream (the target format has no n_stream field)",
                     c.streams.len(),
                 ));
@@ -486,7 +494,7 @@ impl StateParts {
         if format.outputs && self.outputs.is_none() {
             return Err(err(
                 "outputs",
-                0,
+                "version",
                 "the outputs block of the source (only a 2025 state has one to write)",
                 "none",
             ));
@@ -534,7 +542,7 @@ pub fn concat(parts: Vec<StateParts>, share: bool) -> Result<StateParts> {
     let mut it = parts.into_iter();
     let mut out = it
         .next()
-        .ok_or_else(|| err("states", 0, "at least one state", 0))?;
+        .ok_or_else(|| err("states", "source", "at least one state", 0))?;
     if let Some(seq) = out.own_seq() {
         out.own(seq);
     }
@@ -547,7 +555,7 @@ pub fn concat(parts: Vec<StateParts>, share: bool) -> Result<StateParts> {
         if let Some(q) = seqs_of(&p).into_iter().find(|q| mine.contains(q)) {
             return Err(err(
                 format!("state {n} seq_id"),
-                0,
+                "seq_id",
                 "sequences no earlier state holds (rename them with seq_id=)",
                 q,
             ));
@@ -555,7 +563,7 @@ pub fn concat(parts: Vec<StateParts>, share: bool) -> Result<StateParts> {
         if p.caches.len() != out.caches.len() {
             return Err(err(
                 format!("state {n} caches"),
-                0,
+                "source",
                 format!("{} caches as state 0", out.caches.len()),
                 p.caches.len(),
             ));
@@ -589,7 +597,7 @@ fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts, share: boo
     if a.memory != b.memory || a.streams.len() != b.streams.len() {
         return Err(err(
             at,
-            b.at,
+            "source",
             format!(
                 "a {} cache of {} streams as in state 0",
                 a.memory.name(),
@@ -611,7 +619,7 @@ fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts, share: boo
         if x.v_trans != y.v_trans || x.layers.len() != y.layers.len() {
             return Err(err(
                 format!("{at} layers"),
-                y.at,
+                "source",
                 format!(
                     "{} layers, v_trans {} as in state 0",
                     x.layers.len(),
@@ -628,7 +636,7 @@ fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts, share: boo
                 _ => {
                     return Err(err(
                         format!("{at} layer {li} v"),
-                        y.at,
+                        "source",
                         "V records in both or neither",
                         "one",
                     ))
@@ -653,7 +661,7 @@ fn rows_agree(at: &str, li: usize, a: &Rows, b: &Rows) -> Result<()> {
     if a.ty != b.ty || a.n_embd != b.n_embd {
         return Err(err(
             format!("{at} layer {li} {}", b.kind),
-            b.at,
+            "source",
             format!("{} rows of {} values as in state 0", a.ty, a.n_embd),
             format!("{} rows of {} values", b.ty, b.n_embd),
         ));
@@ -828,5 +836,39 @@ mod tests {
             .iter()
             .zip(&f16)
             .any(|(a, b)| (a - b).abs() > 0.5));
+    }
+
+    /// The field of a request the edit refuses (panics on anything else).
+    fn refused<T: std::fmt::Debug>(r: Result<T>) -> String {
+        match r {
+            Err(WriteError::Request { field, .. }) => field,
+            other => panic!("expected a refused request, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_requests_are_write_errors_naming_the_argument() {
+        let a = parts(&[&[1], &[1]]);
+        assert_eq!(refused(concat(vec![a.clone(), a.clone()], false)), "seq_id");
+        let mut p = a.clone();
+        assert_eq!(refused(p.rename(&[(1, 256)])), "seq_id");
+        assert_eq!(refused(p.extract(7)), "seq_id");
+        assert_eq!(refused(p.keep(&[vec![vec![true]]])), "keep");
+        p.set_v_trans(true).unwrap();
+        let q8 = Retype {
+            cache: 0,
+            kind: Kind::V,
+            ty: GgmlType::Q8_0,
+            from_group: 0,
+            to_group: 0,
+        };
+        assert_eq!(refused(p.retype(q8)), "cache_type_v");
+        assert_eq!(
+            p.extract(7).unwrap_err().to_string(),
+            "seq_id: the state holds sequences [1], not 7"
+        );
+        p.arch = None;
+        let e = p.to_format(Format::newest(Container::RawState), None);
+        assert_eq!(refused(e), "arch");
     }
 }

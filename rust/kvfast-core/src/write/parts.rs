@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::format::container::{GGSN_MAGIC, GGSQ_MAGIC, IO_MAGIC};
 use crate::format::layout::{Cache, Container, Kind, Layout, Memory, Record};
 use crate::format::types::GgmlType;
+use crate::write::WriteError;
 
 /// One cell: its position, its sequences (none in a per-sequence save of the recurrent part or of
 /// a 2025 build) and its extension (x, y[, tok]; empty when the cache keeps none).
@@ -74,6 +75,14 @@ pub struct OutputParts {
     pub embd: Vec<u8>,
 }
 
+/// The containers the writer writes and the versions of each it writes (raw bytes have none).
+pub const WRITE_VERSIONS: [(Container, &[u32]); 4] = [
+    (Container::RawSeq, &[]),
+    (Container::Ggsq, &[2, 3]),
+    (Container::Ggsn, &[9, 10]),
+    (Container::RawState, &[]),
+];
+
 /// What a container looks like in one llama.cpp build: which fields surround the memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Format {
@@ -120,6 +129,37 @@ impl Format {
             n_stream: true,
             ext_bytes: 12,
         }
+    }
+
+    /// The format a request names: a container of [`WRITE_VERSIONS`] by name, in `version` (None:
+    /// the newest, as [`Format::newest`]).
+    pub fn named(name: &str, version: Option<u32>) -> std::result::Result<Format, WriteError> {
+        let Some(&(container, versions)) = WRITE_VERSIONS.iter().find(|(c, _)| c.name() == name)
+        else {
+            return Err(WriteError::request(
+                "container",
+                format!("'seq', 'ggsq', 'ggsn' or 'state', not {name:?}"),
+            ));
+        };
+        let mut f = Format::newest(container);
+        match version {
+            None => {}
+            Some(v) if !versions.contains(&v) => {
+                return Err(WriteError::request(
+                    "version",
+                    format!(
+                        "GGSQ 2 or 3, GGSN 9 (without outputs) or 10; raw bytes have none, not \
+                         {name} {v}"
+                    ),
+                ))
+            }
+            Some(2) => {
+                f.version = Some(2);
+                f.ext_bytes = 8;
+            }
+            Some(v) => f.version = Some(v),
+        }
+        Ok(f)
     }
 
     /// A sequence state (raw sequence bytes or GGSQ): one sequence, no arch.
