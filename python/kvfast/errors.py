@@ -117,44 +117,6 @@ class TokenMismatchWarning(UserWarning):
     """Two states compared position for position hold different tokens at some positions."""
 
 
-class PreRopeError(KvfastError, ValueError):
-    """Keys before RoPE were asked for and cannot be given: no model, or a model whose RoPE kvfast
-    does not undo (``field`` names the GGUF key or argument)."""
-
-    kind = "pre_rope"
-    offset = None
-    field: str | None = None
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-class RotationWarning(UserWarning):
-    """kvfast could not be sure whether, or in which group, a quantized cache is stored rotated."""
-
-
-class RotationError(KvfastError, ValueError):
-    """``rotation='hadamard'`` where the group llama.cpp rotated in cannot be known (no head size)."""
-
-    kind = "rotation"
-    offset = None
-    field = None
-
-
-class WriteError(KvfastError, ValueError):
-    """An edit :func:`kvfast.write` cannot make: ``field`` names the argument (or the state's
-    field) and what was expected."""
-
-    kind = "write"
-    offset: int | None = None
-    field: str | None = None
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-
-
 class ExportError(KvfastError):
     """A state failed and ``on_error='fail'`` (``.report`` holds what was done before the batch
     stopped), or the output folder is not a kvfast export (``.report`` is empty)."""
