@@ -48,7 +48,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for name, cells, n_layer in shapes:
             path = Path(tmp) / f"{cells}.bin"
-            size = synth.write_state(path, cells=cells, n_layer=n_layer, n_embd_k=1024, k_type="q8_0", v_type="q8_0")
+            size = synth.write_state(
+                path, cells=cells, n_layer=n_layer, n_embd_k=1024, k_type="q8_0", v_type="q8_0"
+            )
             open_state(path, "auto")  # page cache warm
             none = best(lambda p=path: open_state(p, "none"), args.repeat)
             auto = best(lambda p=path: open_state(p, "auto"), args.repeat)
@@ -56,7 +58,13 @@ def main() -> None:
                 warnings.simplefilter("ignore")
                 with kvfast.open(path) as d:
                     decided = [(r.kind, r.undone, r.certain) for r in d.rotation]
-            results[name] = {"bytes": size, "none_s": none, "auto_s": auto, "ratio": auto / none, "decided": decided}
+            results[name] = {
+                "bytes": size,
+                "none_s": none,
+                "auto_s": auto,
+                "ratio": auto / none,
+                "decided": decided,
+            }
             path.unlink()
     print("| state | size | open, rotation='none' | open, 'auto' | auto / none |")
     print("|---|---|---|---|---|")

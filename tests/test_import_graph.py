@@ -187,6 +187,8 @@ def inline_modules(text: str) -> list[tuple[int, int, str]]:
             i += 1
         out.append((m.start(), i, m[1]))
     return out
+
+
 def private_imports() -> list[str]:
     """Each import of a private name of another module (``from kvfast.x import _y``, ``from .x
     import _y``) and of a private module (``_x``) from outside the package holding it."""
@@ -205,8 +207,6 @@ def private_imports() -> list[str]:
                     if owner and name != owner and not name.startswith(owner + "."):
                         bad.append(f"{name} imports the private module {target}")
     return bad
-
-
 
 
 def rust_graph(crate: Path) -> dict[str, set[str]]:

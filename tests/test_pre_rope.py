@@ -153,10 +153,14 @@ def test_bad_rope_parameters_are_named(tmp_path: Path) -> None:
     # kvfast-core checks the rope it is given against the K rows too
     geometry = kvfast.ModelGeometry.from_gguf(QWEN3)
     rope = model_rope(QWEN3, 32)["global"]
-    for bad, match in (({"n_dims": 33}, "does not fit"), ({"freq_base": float("nan")}, "finite and positive")):
+    for bad, match in (
+        ({"n_dims": 33}, "does not fit"),
+        ({"freq_base": float("nan")}, "finite and positive"),
+    ):
         given = {**rope, **bad}
+        pair = {"global": given, "swa": given}
         with pytest.raises(kvfast.PreRopeError, match=match):
-            _kvfast.open(SHARED, model=geometry, pre_rope=True, rope=lambda _hd: {"global": given, "swa": given})
+            _kvfast.open(SHARED, model=geometry, pre_rope=True, rope=lambda _hd, pair=pair: pair)
     # a geometry without its GGUF cannot say the rope
     geometry = kvfast.ModelGeometry.from_gguf(QWEN3)
     with pytest.raises(kvfast.PreRopeError, match="needs the model's GGUF"):

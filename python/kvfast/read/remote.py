@@ -219,7 +219,9 @@ def info(url: str, storage_options: StorageOptions = None) -> dict[str, Any]:
     return _stamp(fs, path, url)
 
 
-def source(url: str, storage_options: StorageOptions = None) -> tuple[int, Callable[[list[tuple[int, int]]], list[bytes]]]:
+def source(
+    url: str, storage_options: StorageOptions = None
+) -> tuple[int, Callable[[list[tuple[int, int]]], list[bytes]]]:
     """The state at ``url`` as :func:`kvfast._kvfast.open` reads it: its size, and the callable
     that fetches byte ranges of it (the object's version checked at each fetch)."""
     fs, path = filesystem(url, storage_options)
