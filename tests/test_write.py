@@ -11,6 +11,7 @@ import pytest
 from conftest import DATA
 
 import kvfast
+import kvfast.writing.cells
 from kvfast import _kvfast
 from kvfast.writing.cells import cells
 
@@ -295,7 +296,7 @@ def test_bad_arguments_are_write_errors(tmp_path: Path) -> None:
 def test_the_writers_rules_are_the_cores(tmp_path: Path) -> None:
     """Containers, versions and sequence ids as kvfast-core writes them; its refusals are
     kvfast.WriteError (one class, wherever it is imported from), the argument in ``field``."""
-    assert kvfast.WriteError is kvfast.errors.WriteError is kvfast.write_cells.WriteError
+    assert kvfast.WriteError is kvfast.errors.WriteError is kvfast.writing.cells.WriteError
     assert _kvfast.WRITE_VERSIONS == {"seq": [], "ggsq": [2, 3], "ggsn": [9, 10], "state": []}
     assert _kvfast.MAX_SEQ == 256
     with kvfast.open(DATA / "qwen3tiny-3seq-shared/state.bin") as d:

@@ -70,7 +70,7 @@ class State:
         size, fetch = remote.source(self.path, storage_options) if is_url else (None, None)
         # one call: kvfast-core reads the model's GGUF, walks the bytes and decides the geometry,
         # the model-layer map, the model's fit, the rotation (a sample of rows) and the RoPE to undo
-        self._state, info = _kvfast.open(
+        opened, info = _kvfast.open(
             self.path if is_url else remote.local_path(self.path),
             size=size,
             fetch=fetch,
@@ -85,6 +85,7 @@ class State:
         #: The model's geometry (given, read from ``model``'s GGUF, or from a probe manifest).
         given = model if isinstance(model, ModelGeometry) else None
         self.model: ModelGeometry | None = given if info["model"] is None else ModelGeometry(**info["model"])
+        self._state: _kvfast.State | None = opened
         self._info = info
         self.head_dim_k, self.head_dim_v = info["head_dims"]
         #: Per cache (the recurrent part last), the model layer of each cache layer (None: not known).
