@@ -12,7 +12,7 @@ Nothing in the bytes records it. ``kvfast.open(path, rotation=...)`` decides, pe
   Gaussian, kurtosis about 3; real keys have outlier channels). When none of these can tell, the
   values are left as stored and a :class:`RotationWarning` says so, naming the option.
 
-kvfast-core decides at open (``rotation_decide.rs``), reading at most 512 cells of six records per
+kvfast-core decides at open (``rotation_decide.rs``), reading at most 32 cells of six records per
 cache and kind, never a whole record. The decisions are in :attr:`kvfast.State.rotation`; the Rust
 decoder applies them (a fast
 Walsh-Hadamard transform fused with decoding) in every pass: values, tables, scans, exports,
