@@ -234,13 +234,15 @@ def test_an_opening_opens_as_kvfast_open_and_pickles_with_its_model_path(tmp_pat
     state = DATA / "qwen3tiny-3seq-shared" / "state.bin"
     model = DATA / "models" / "tiny-qwen3.gguf"
     how = Opening(model=model, pre_rope=True, storage_options={"anon": True})
-    assert how.model == str(model)  # a path stays a path: each open reads the GGUF itself
+    assert how.model == os.path.abspath(model)  # a path stays a path: each open reads the GGUF itself
     again = pickle.loads(pickle.dumps(how))
     assert again == how and isinstance(again.model, str)
     with again.open(state) as d, kvfast.open(state, model=model, pre_rope=True) as want:
         assert d.pre_rope and d.model == want.model
         assert d.to_polars(layers=[0], kinds="k").equals(want.to_polars(layers=[0], kinds="k"))
     assert Opening(model=model).geometry() == kvfast.ModelGeometry.from_gguf(model)
+    rel = Opening(model=os.path.relpath(model))
+    assert rel.model == os.path.abspath(model)  # the workers' working directory is not the driver's
     # the core's own refusal, at open, for export as for kvfast.open
     with pytest.raises(kvfast.PreRopeError, match="needs the model's GGUF") as e:
         Opening(head_dim=32, pre_rope=True).open(state)

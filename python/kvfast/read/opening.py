@@ -3,8 +3,8 @@
 The options of :func:`kvfast.open` that many states share, frozen together; :meth:`Opening.open`
 opens one state with them, so every check of the options is the one ``kvfast.open`` does (in the
 core: ``pre_rope=True`` without the model's GGUF raises :class:`kvfast.PreRopeError` at open).
-It is picklable (plain fields) for Ray's workers: a model given as a path stays a path, and each
-open reads its GGUF in Rust where it runs.
+It is picklable (plain fields) for Ray's workers: a model given as a path stays a path (made
+absolute), and each open reads its GGUF in Rust where it runs.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class Opening:
     """The options every state of a read or an export is opened with (see :func:`kvfast.open`)."""
 
     head_dim: int | None = None
-    #: The model: its GGUF file (a path, kept as a string) or its geometry.
+    #: The model: its GGUF file (a path, kept as an absolute path string) or its geometry.
     model: str | os.PathLike[str] | ModelGeometry | None = None
     rotation: Mode = "auto"
     #: Keys before RoPE (``model`` must then be the GGUF file: ``kvfast.open`` says so otherwise).
@@ -34,7 +34,8 @@ class Opening:
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, ModelGeometry):
-            object.__setattr__(self, "model", os.fspath(self.model))
+            # absolute: Ray's workers do not share the driver's working directory
+            object.__setattr__(self, "model", os.path.abspath(os.fspath(self.model)))
         if self.storage_options is not None:
             object.__setattr__(self, "storage_options", dict(self.storage_options))
 
