@@ -51,7 +51,8 @@ from kvfast.errors import ExportError, PreRopeError
 from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Mode
 from kvfast.read import remote
-from kvfast.read.state import State, open
+from kvfast.read.opening import Opening
+from kvfast.read.state import State
 
 
 @dataclass(frozen=True)
@@ -60,25 +61,24 @@ class _Options:
     what: str
     by: str
     partition_by: tuple[str, ...]
-    head_dim: int | None
-    model: ModelGeometry | None
+    #: How each state is opened (on the workers too: it is picklable).
+    opening: Opening
+    #: The model's geometry, read once: what the markers record of the model.
+    geometry: ModelGeometry | None
     dtype: str | None
-    rotation: Mode = "auto"
     hive: bool = False
-    #: The GGUF keys before RoPE are read with (None: keys as stored).
-    pre_rope_model: str | None = None
 
     def signature(self) -> dict[str, Any]:
         return {
             "what": self.what,
             "by": self.by,
             "partition_by": list(self.partition_by),
-            "head_dim": self.head_dim,
-            "model": None if self.model is None else repr(self.model),
+            "head_dim": self.opening.head_dim,
+            "model": None if self.geometry is None else repr(self.geometry),
             "dtype": self.dtype,
-            "rotation": self.rotation,
+            "rotation": self.opening.rotation,
             "layout": "hive" if self.hive else "files",
-            **({"pre_rope": True} if self.pre_rope_model else {}),
+            **({"pre_rope": True} if self.opening.pre_rope else {}),
         }
 
     def dest(self, staged: Path, key: str, part: dict[str, Any]) -> Path:
@@ -119,9 +119,9 @@ def _key(real: str) -> str:
     return dump_id(real)
 
 
-def _source_id(real: str) -> dict[str, Any]:
+def _source_id(real: str, storage_options: remote.StorageOptions) -> dict[str, Any]:
     if remote.is_url(real):
-        return {"path": real, **remote.info(real)}
+        return {"path": real, **remote.info(real, storage_options)}
     st = os.stat(real)
     return {"path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
@@ -216,20 +216,13 @@ def export_one(opts: _Options, commit: Commit, progress: Progress, path: str, re
 
     try:
         # the source as it was before reading: a change during the export makes the marker stale
-        source = _source_id(real)
+        source = _source_id(real, opts.opening.storage_options)
         size = source["size"]
         if _done(opts, commit, key, source):
             return row
         staged = commit.stage(key)
         types: set[str] = set()
-        pre = opts.pre_rope_model
-        with open(
-            path,
-            head_dim=opts.head_dim,
-            model=pre or opts.model,
-            rotation=opts.rotation,
-            pre_rope=pre is not None,
-        ) as d:
+        with opts.opening.open(path) as d:
             parts = [(opts.dest(staged, key, part), part, recs) for part, recs in _partitions(opts, d)]
             if opts.what == "values":  # in Rust, the partitions in parallel (kvfast.dataset.export_parquet)
                 written = export_parquet.write_values(d, [(p[0], p[2]) for p in parts], opts.dtype, advance)
@@ -302,10 +295,10 @@ class Outcomes:
         return report
 
 
-def source_size(path: str) -> int:
+def source_size(path: str, storage_options: remote.StorageOptions = None) -> int:
     """A state's size in bytes (local or remote), 0 when it cannot be read."""
     try:
-        return remote.info(path)["size"] if remote.is_url(path) else os.stat(path).st_size
+        return remote.info(path, storage_options)["size"] if remote.is_url(path) else os.stat(path).st_size
     except OSError:
         return 0
 
@@ -337,32 +330,29 @@ def plan_export(
     if bad:
         raise ValueError(f"partition_by takes cache, layer and kind, not {sorted(bad)}")
     files = _unique(expand(paths, storage_options))
-    geometry = model if model is None or isinstance(model, ModelGeometry) else ModelGeometry.from_gguf(model)
+    opening = Opening(head_dim, model, rotation, pre_rope, storage_options)
+    geometry = opening.geometry()
     _check_layout(out)
-    pre_rope_model = None
     if pre_rope:
-        if model is None or isinstance(model, ModelGeometry):
-            raise PreRopeError(
-                "pre_rope=True needs the model's GGUF (model=PATH; --model on the command line)",
-                field="model",
-            )
-        pre_rope_model = os.fspath(model)
+        _refuse_early(opening, next(iter(files)))
         dtype = "float32" if what == "values" and dtype is None else dtype
     if what == "values" and dtype is None:
-        dtype = one_type(files, out, head_dim, geometry, rotation)
-    opts = _Options(
-        out,
-        what,
-        by,
-        tuple(partition_by),
-        head_dim,
-        geometry,
-        dtype,
-        rotation,
-        hive,
-        pre_rope_model,
-    )
+        dtype = one_type(files, out, opening)
+    opts = _Options(out, what, by, tuple(partition_by), opening, geometry, dtype, hive)
     return files, opts
+
+
+def _refuse_early(opening: Opening, first: str) -> None:
+    """Raise the :class:`PreRopeError` of opening the first state, before any state is exported:
+    keys before RoPE come from the model's GGUF, the same for every state, so when the first
+    cannot have them (no GGUF given, a rope the state does not fit) none can. Any other failure
+    is that state's own, reported with it."""
+    try:
+        opening.open(first).close()
+    except PreRopeError:
+        raise
+    except Exception:  # noqa: BLE001, S110 - the state's export reports it
+        pass
 
 
 def export(
@@ -423,7 +413,8 @@ def export(
         storage_options,
     )
     outcomes = Outcomes(files, on_error)
-    bar = Progress(sum(source_size(real) for real in files.values()), len(files), progress)
+    sizes = (source_size(real, opts.opening.storage_options) for real in files.values())
+    bar = Progress(sum(sizes), len(files), progress)
     n_jobs = max(1, jobs or os.cpu_count() or 1)
     todo = iter(files.items())
     with Commit(opts.out) as commit, ThreadPoolExecutor(max_workers=n_jobs) as pool:

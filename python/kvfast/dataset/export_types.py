@@ -14,9 +14,8 @@ from pathlib import Path
 from kvfast.dataset.export_commit import MARKER
 from kvfast.dataset.states import dump_id, values_schema
 from kvfast.errors import KvfastError
-from kvfast.model.geometry import ModelGeometry
-from kvfast.model.rotation import Mode
-from kvfast.read.state import State, open
+from kvfast.read.opening import Opening
+from kvfast.read.state import State
 
 
 def _types_in(out: Path, skip: set[str]) -> set[str]:
@@ -38,12 +37,10 @@ def _types_in(out: Path, skip: set[str]) -> set[str]:
     return found
 
 
-def one_type(
-    files: dict[str, str], out: Path, head_dim: int | None, geometry: ModelGeometry | None, rotation: Mode
-) -> str | None:
+def one_type(files: dict[str, str], out: Path, opening: Opening) -> str | None:
     """The values type of a whole export (``dtype=None``): float16 (None) when every state of
     this run and every other state already in `out` is f16, else ``"float32"``."""
-    dumps = [d for d in (_try_open(f, head_dim, geometry, rotation) for f in files) if d is not None]
+    dumps = [d for d in (_try_open(f, opening) for f in files) if d is not None]
     dtype = values_schema(dumps)[1] if dumps else None
     for dd in dumps:
         dd.close()
@@ -60,9 +57,9 @@ def one_type(
     return dtype
 
 
-def _try_open(path: str, head_dim: int | None, model: ModelGeometry | None, rotation: Mode) -> State | None:
+def _try_open(path: str, opening: Opening) -> State | None:
     """The dump, or None when it fails to open (the export reports it)."""
     try:
-        return open(path, head_dim=head_dim, model=model, rotation=rotation)
+        return opening.open(path)
     except (KvfastError, OSError, ValueError):
         return None

@@ -26,6 +26,7 @@ import polars as pl
 from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Mode
 from kvfast.read import remote, schema
+from kvfast.read.opening import Opening
 from kvfast.read.state import State, open
 
 STATE_SUFFIXES = (".bin", ".ggsq", ".ggsn", ".state", ".session", ".slot")
@@ -42,7 +43,8 @@ Paths = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 def expand(paths: Paths, storage_options: remote.StorageOptions = None) -> list[str]:
     """Paths, glob patterns and directories (their state files), as a list of files in order; URLs
     (``s3://bucket/prefix/``, ``s3://bucket/runs/*.ggsq``) as the objects they name, listed with
-    ``storage_options`` (see :mod:`kvfast.read.remote`), which opening them later uses too."""
+    ``storage_options`` (see :mod:`kvfast.read.remote`): open them with the same ones (an
+    :class:`~kvfast.read.opening.Opening`'s)."""
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     found: list[str] = []
     for item in items:
@@ -148,22 +150,9 @@ def batches(
             yield df
 
 
-def open_all(
-    paths: list[str],
-    head_dim: int | None,
-    model: ModelGeometry | None,
-    rotation: Mode = "auto",
-    pre_rope_model: str | os.PathLike[str] | ModelGeometry | None = None,
-) -> list[tuple[str, State]]:
-    """Open every state; with ``pre_rope_model`` (the GGUF given as model) keys before RoPE."""
-    out = []
-    for p in paths:
-        if pre_rope_model is None:
-            d = open(p, head_dim=head_dim, model=model, rotation=rotation)
-        else:
-            d = open(p, head_dim=head_dim, model=pre_rope_model, rotation=rotation, pre_rope=True)
-        out.append((p, d))
-    return out
+def open_all(paths: list[str], opening: Opening) -> list[tuple[str, State]]:
+    """Open every state with ``opening``'s options."""
+    return [(p, opening.open(p)) for p in paths]
 
 
 def values_schema(dumps: list[State]) -> tuple[pl.DataType, str | None]:
@@ -197,9 +186,9 @@ def scan(
     URLs (``s3://...``) are read by ranged requests, only the records a query reads
     (``storage_options``: see :mod:`kvfast.read.remote`).
     """
-    geometry = model_geometry(model)
     files = expand(paths, storage_options)
-    dumps = [d for _, d in open_all(files, head_dim, geometry, rotation, model if pre_rope else None)]
+    how = Opening(head_dim, model, rotation, pre_rope, storage_options)
+    dumps = [d for _, d in open_all(files, how)]
     values_type, dtype = values_schema(dumps)
     schema = {**INDEX_SCHEMA, "values": values_type}
 
@@ -315,9 +304,9 @@ def scan_stats(
     predicate on dump / path / cache / layer / model_layer / kind decides which records are read."""
     if by not in STATS_SCHEMAS:
         raise ValueError(f"by must be one of {sorted(STATS_SCHEMAS)}, not {by!r}")
-    geometry = model_geometry(model)
     files = expand(paths, storage_options)
-    dumps = [d for _, d in open_all(files, head_dim, geometry, rotation, model if pre_rope else None)]
+    how = Opening(head_dim, model, rotation, pre_rope, storage_options)
+    dumps = [d for _, d in open_all(files, how)]
     schema = {"dump": pl.String(), "path": pl.String(), **STATS_SCHEMAS[by]}
 
     def source(

@@ -78,7 +78,7 @@ def export(
     cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
     n_jobs = max(1, tasks or int(cpus))
     remote = ray.remote(_one).options(**{"num_cpus": 1, "max_retries": 2, **(ray_remote_args or {})})
-    sizes = {f: source_size(real) for f, real in files.items()}
+    sizes = {f: source_size(real, opts.opening.storage_options) for f, real in files.items()}
     bar = Progress(sum(sizes.values()), len(files), progress)
     outcomes = Outcomes(files, on_error)
     todo = iter(files.items())

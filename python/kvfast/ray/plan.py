@@ -21,8 +21,6 @@ import polars as pl
 
 from kvfast.dataset import states as dataset
 from kvfast.errors import SelectionError
-from kvfast.model.geometry import ModelGeometry
-from kvfast.model.rotation import Mode
 from kvfast.read.state import State
 
 #: The keyword selections: the columns ``scan`` pushes down.
@@ -40,34 +38,6 @@ def where(path: str) -> str:
     """A path as the workers must be given it: absolute (their working directory is not the
     driver's); a URL as it is."""
     return path if "://" in path else os.path.abspath(path)
-
-
-@dataclass(frozen=True)
-class Opening:
-    """How every state of a read is opened, on the driver and on the workers alike."""
-
-    head_dim: int | None
-    model: ModelGeometry | None
-    rotation: Mode
-    #: The GGUF keys before RoPE are read with (None: keys as stored).
-    pre_rope_model: str | None
-
-    def open(self, path: str) -> State:
-        return dataset.open_all([path], self.head_dim, self.model, self.rotation, self.pre_rope_model)[0][1]
-
-
-def opening(
-    head_dim: int | None,
-    model: str | os.PathLike[str] | ModelGeometry | None,
-    rotation: Mode,
-    pre_rope: bool,
-) -> Opening:
-    if pre_rope and (model is None or isinstance(model, ModelGeometry)):
-        from kvfast.errors import PreRopeError
-
-        raise PreRopeError("pre_rope=True needs the model's GGUF (model=PATH)", field="model")
-    pre = os.fspath(model) if pre_rope and model is not None else None  # type: ignore[arg-type]
-    return Opening(head_dim, dataset.model_geometry(model), rotation, pre)
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
 from kvfast.dataset import states as dataset
-from kvfast.ray.plan import Opening, Plan, Selection, Task
+from kvfast.ray.plan import Plan, Selection, Task
 from kvfast.ray.ray_expr import to_polars
+from kvfast.read.opening import Opening
 
 
 def arrow_schema(schema: dict[str, pl.DataType]) -> pa.Schema:

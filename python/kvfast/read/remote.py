@@ -84,26 +84,13 @@ _ENV = (
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
 )
-#: The storage options each URL was listed with (by :func:`expand`): opening it later, from any
-#: thread (an export's workers), uses them unless others are given.
-_LISTED_WITH: dict[str, Mapping[str, Any]] = {}
-
-
-def remember(url: str, storage_options: StorageOptions) -> None:
-    """Open ``url`` with ``storage_options`` when no others are given."""
-    if storage_options is not None:
-        with _LOCK:
-            _LISTED_WITH[real(url)] = storage_options
 
 
 def filesystem(url: str, storage_options: StorageOptions = None) -> tuple[Any, str]:
     """fsspec's file system for ``url`` (one per protocol and options, shared) and the path in it;
-    without ``storage_options``, those ``url`` was listed with, else the environment's."""
+    without ``storage_options``, the environment's credentials and endpoint."""
     import fsspec.core  # type: ignore[import-untyped]
 
-    if storage_options is None:
-        with _LOCK:
-            storage_options = _LISTED_WITH.get(real(url))
     opts = _options(url, storage_options)
     protocol = url.split("://", 1)[0].lower()
     # one file system per protocol, options and credentials in the environment (fsspec's own
@@ -231,7 +218,8 @@ def source(
 
 def expand(url: str, suffixes: set[str], storage_options: StorageOptions = None) -> list[str]:
     """A URL's state objects, as URLs: a glob's matches, a prefix's objects of ``suffixes``, or
-    the object itself."""
+    the object itself, listed with ``storage_options``; the caller opens them with the same ones
+    (:class:`kvfast.read.opening.Opening` carries them to each open)."""
     fs, path = filesystem(url, storage_options)
     protocol = url.split("://", 1)[0]
     try:
@@ -244,11 +232,7 @@ def expand(url: str, suffixes: set[str], storage_options: StorageOptions = None)
                 if os.path.splitext(p)[1] in suffixes and not os.path.basename(p).startswith(".")
             )
         else:
-            remember(url, storage_options)
             return [url]
     except Exception as e:
         raise _failed(url, e, "listing the objects") from e
-    urls = [f"{protocol}://{p}" for p in found]
-    for u in urls:
-        remember(u, storage_options)
-    return urls
+    return [f"{protocol}://{p}" for p in found]
