@@ -22,6 +22,7 @@ ray = pytest.importorskip("ray")
 import kvfast
 import kvfast.ray as kray
 from kvfast import dataset
+from kvfast.dataset import states as states_of
 from kvfast.ray import plan
 from kvfast.ray.local import LocalCluster
 from kvfast.ray.source import Work
@@ -194,7 +195,7 @@ def test_planning_reads_only_the_selected_records() -> None:
     assert {r[1] for t in tasks for r in t.records} == {1}
     assert sorted({t.path for t in tasks}) == sorted(SHARED)
     how = Opening(head_dim=32)
-    want = sum(dataset.record_bytes(d, 0, 1, k) for _, d in states for k in "kv")
+    want = sum(states_of.record_bytes(d, 0, 1, k) for _, d in states for k in "kv")
     assert sum(t.nbytes for t in tasks) == want
     work = Work(how, sel, "values", None)
     dataset.READS.clear()
