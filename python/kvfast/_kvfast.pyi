@@ -5,11 +5,15 @@ from os import PathLike
 from typing import Any, final
 
 __version__: str
+INDEX_COLUMNS: dict[str, str]
+KINDS: list[str]
 MAX_LAYERS: int
 MAX_SEQ: int
 MAX_VALUES: int
 WRITE_VERSIONS: dict[str, list[int]]
 __all__ = [
+    "INDEX_COLUMNS",
+    "KINDS",
     "MAX_LAYERS",
     "MAX_SEQ",
     "MAX_VALUES",

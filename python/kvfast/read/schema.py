@@ -11,19 +11,19 @@ types where another frame needs them (``pl.col("layer").cast(pl.Int64)``).
 
 import polars as pl
 
-KIND = pl.Enum(["k", "v", "r", "s"])
+from kvfast import _kvfast
 
-INDEX: dict[str, pl.DataType] = {
-    "dump": pl.String(),
-    "path": pl.String(),
-    "cache": pl.UInt8(),
-    "stream": pl.UInt8(),
-    "layer": pl.UInt16(),
-    "model_layer": pl.UInt16(),
+#: kvfast-core's record kinds (k, v, r, s), one byte each.
+KIND = pl.Enum(_kvfast.KINDS)
+
+_POLARS: dict[str, pl.DataType] = {
+    "string": pl.String(),
+    "uint8": pl.UInt8(),
+    "uint16": pl.UInt16(),
+    "uint32": pl.UInt32(),
+    "int32": pl.Int32(),
     "kind": KIND,
-    "cell": pl.UInt32(),
-    "pos": pl.Int32(),
-    "seq_id": pl.UInt8(),
-    "head": pl.UInt16(),
-    "channel": pl.UInt32(),
 }
+
+#: Every index column's type, as kvfast-core defines it (``kvfast_core::plan::columns::INDEX``).
+INDEX: dict[str, pl.DataType] = {name: _POLARS[ty] for name, ty in _kvfast.INDEX_COLUMNS.items()}

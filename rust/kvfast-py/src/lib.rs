@@ -41,5 +41,13 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parquet_write::write_parquet, m)?)?;
     model_read::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // the index columns' types and the record kinds, as kvfast-core defines them
+    let index = pyo3::types::PyDict::new(m.py());
+    for (name, ty) in kvfast_core::plan::columns::INDEX {
+        index.set_item(name, ty.name())?;
+    }
+    m.add("INDEX_COLUMNS", index)?;
+    let kinds: Vec<&str> = kvfast_core::Kind::ALL.iter().map(|k| k.name()).collect();
+    m.add("KINDS", kinds)?;
     Ok(())
 }

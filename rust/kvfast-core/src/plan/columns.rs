@@ -4,10 +4,71 @@
 //! cache < 8 and stream < 256 (u8), layer and model layer < 4096 (u16), head < 65,536 (u16: the
 //! planner refuses a head size that makes more), channel (u32: a recurrent S row has 655,360
 //! values in Mamba 2 2.7B), cell (u32), position (i32, llama.cpp's llama_pos), sequence < 256
-//! (u8, LLAMA_MAX_SEQ), kind one of k, v, r, s (an enumeration).
+//! (u8, LLAMA_MAX_SEQ), kind one of k, v, r, s (an enumeration). [`INDEX`] lists them: every
+//! table's index column is pushed as its type there (checked as it is pushed, in debug builds),
+//! and Python's `kvfast.read.schema.INDEX` is read from it.
 
 use crate::format::layout::Kind;
 use crate::plan::select::Job;
+
+/// The type of an index column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexType {
+    /// Text (a state's name, its path: the columns scans and exports add).
+    Str,
+    U8,
+    U16,
+    U32,
+    I32,
+    /// k, v, r or s.
+    Kind,
+}
+
+impl IndexType {
+    pub fn name(self) -> &'static str {
+        match self {
+            IndexType::Str => "string",
+            IndexType::U8 => "uint8",
+            IndexType::U16 => "uint16",
+            IndexType::U32 => "uint32",
+            IndexType::I32 => "int32",
+            IndexType::Kind => "kind",
+        }
+    }
+
+    fn holds(self, values: &Values) -> bool {
+        matches!(
+            (self, values),
+            (IndexType::Str, Values::Str(_))
+                | (IndexType::U8, Values::U8(_))
+                | (IndexType::U16, Values::U16(_))
+                | (IndexType::U32, Values::U32(_))
+                | (IndexType::I32, Values::I32(_))
+                | (IndexType::Kind, Values::Kind(_))
+        )
+    }
+}
+
+/// Every index column of the tables kvfast hands out, and its type: the one definition.
+pub const INDEX: [(&str, IndexType); 12] = [
+    ("dump", IndexType::Str),
+    ("path", IndexType::Str),
+    ("cache", IndexType::U8),
+    ("stream", IndexType::U8),
+    ("layer", IndexType::U16),
+    ("model_layer", IndexType::U16),
+    ("kind", IndexType::Kind),
+    ("cell", IndexType::U32),
+    ("pos", IndexType::I32),
+    ("seq_id", IndexType::U8),
+    ("head", IndexType::U16),
+    ("channel", IndexType::U32),
+];
+
+/// The type of index column `name` (None: not an index column).
+pub fn index_type(name: &str) -> Option<IndexType> {
+    INDEX.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+}
 
 /// One column's values.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,8 +130,18 @@ fn split<T: Default + Copy>(v: Vec<Option<T>>) -> (Vec<T>, Option<Vec<bool>>) {
 }
 
 impl Table {
+    fn add(&mut self, column: Column) {
+        debug_assert!(
+            index_type(column.name).is_none_or(|t| t.holds(&column.values)),
+            "index column {} pushed as {:?}, not as INDEX says",
+            column.name,
+            std::mem::discriminant(&column.values)
+        );
+        self.columns.push(column);
+    }
+
     pub fn push(&mut self, name: &'static str, values: Values) {
-        self.columns.push(Column {
+        self.add(Column {
             name,
             values,
             valid: None,
@@ -80,7 +151,7 @@ impl Table {
 
     pub fn push_opt_u8(&mut self, name: &'static str, v: Vec<Option<u8>>) {
         let (values, valid) = split(v);
-        self.columns.push(Column {
+        self.add(Column {
             name,
             values: Values::U8(values),
             valid,
@@ -90,7 +161,7 @@ impl Table {
 
     pub fn push_opt_u16(&mut self, name: &'static str, v: Vec<Option<u16>>) {
         let (values, valid) = split(v);
-        self.columns.push(Column {
+        self.add(Column {
             name,
             values: Values::U16(values),
             valid,
@@ -216,6 +287,29 @@ pub fn empty_value_index() -> Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_index_is_defined_once_and_tables_follow_it() {
+        let names: Vec<&str> = INDEX.iter().map(|(n, _)| *n).collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len());
+        assert_eq!(index_type("seq_id"), Some(IndexType::U8));
+        assert_eq!(index_type("values"), None);
+        let t = empty_value_index();
+        for c in &t.columns {
+            let ty = index_type(c.name).expect("the value index holds index columns only");
+            assert!(ty.holds(&c.values), "{}", c.name);
+        }
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "index column layer pushed as")]
+    fn an_index_column_of_another_type_is_caught() {
+        Table::default().push("layer", Values::U32(vec![1]));
+    }
 
     #[test]
     fn keys_and_nulls() {
