@@ -3,7 +3,7 @@ scripts writing the same Parquet (the same columns and types, one zstd level 1 f
 layer, float16 values), with Polars and with pyarrow, in the same run. Each runs in its own process;
 the parent samples the child's anonymous memory (RssAnon: mapped file pages are page cache, not the
 process's) every 20 ms for the peak. `--experiments` also times kvfast's writer with other encodings
-of the values column (kvfast.export_parquet.SETTINGS: BYTE_STREAM_SPLIT, no compression, zstd 3,
+of the values column (kvfast.dataset.export_parquet.SETTINGS: BYTE_STREAM_SPLIT, no compression, zstd 3,
 page sizes) and gives each one's output size. Prints tables and writes bench-out/export.json.
 
     python benches/bench_export.py [--dir DIR] [--states 50] [--experiments]
@@ -73,13 +73,13 @@ for frames, dest in layer_frames(src):
 
 KVFAST = r"""
 import json, sys, kvfast
-from kvfast import export_parquet
+from kvfast.dataset import export_parquet
 export_parquet.SETTINGS.update(json.loads(sys.argv[3]) if len(sys.argv) > 3 else {})
 report = kvfast.export(sys.argv[1], sys.argv[2], head_dim=128)
 assert (report["status"] == "written").all(), report
 """
 
-#: The encodings of the values column tried (kvfast.export_parquet.SETTINGS; the first is export's).
+#: The encodings of the values column tried (kvfast.dataset.export_parquet.SETTINGS; the first is export's).
 EXPERIMENTS: list[tuple[str, dict[str, object]]] = [
     ("PLAIN, zstd 1, 64 KiB pages (export's)", {}),
     ("PLAIN, zstd 1, 1 MiB pages", {"page_bytes": 1 << 20}),

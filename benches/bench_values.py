@@ -82,7 +82,7 @@ def kvfast_values(d: kvfast.State, recs: list[tuple[int, str, int, int, int]]) -
 
 def index_bytes(t: pa.Table) -> dict[str, float]:
     """Bytes a row of the table's index columns (validity bitmaps included), as kvfast types them and
-    as int32 with ``kind`` as text (the types before kvfast.schema)."""
+    as int32 with ``kind`` as text (the types before kvfast.read.schema)."""
     index = [n for n in t.column_names if n != "values"]
     narrow = sum(t.column(n).nbytes for n in index)
     wide = 0
@@ -188,7 +188,7 @@ def main() -> None:
     idx = f["index_bytes_per_row"]
     assert isinstance(idx, dict)
     print(
-        f"index columns: {idx['narrow']:.1f} bytes a row (kvfast.schema's types) against {idx['int32']:.1f}"
+        f"index columns: {idx['narrow']:.1f} bytes a row (kvfast.read.schema's types) against {idx['int32']:.1f}"
         f" as int32 and text ({idx['narrow'] / idx['int32']:.2f}x)"
     )
     print(

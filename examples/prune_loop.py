@@ -27,8 +27,8 @@ import numpy as np
 import polars as pl
 
 import kvfast
-from kvfast import prune
-from kvfast.replay import Replay
+from kvfast.analysis import prune
+from kvfast.probe.replay import Replay
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests/data/models/tiny-qwen3-hd128.gguf"

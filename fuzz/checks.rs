@@ -4,12 +4,14 @@
 
 #![allow(dead_code)]
 
-use kvfast_core::decode::{decode_row, decode_rows, decode_transposed, transpose_bytes};
-use kvfast_core::layout::{Kind, Record};
-use kvfast_core::quantize::quantize_row;
-use kvfast_core::stats::{accumulate, cell_stats, compare as compare_records, round_trip_loss};
-use kvfast_core::types::ALL_TYPES;
-use kvfast_core::view::RecordView;
+use kvfast_core::format::layout::{Kind, Record};
+use kvfast_core::format::types::ALL_TYPES;
+use kvfast_core::stats::passes::{
+    accumulate, cell_stats, compare as compare_records, round_trip_loss,
+};
+use kvfast_core::values::decode::{decode_row, decode_rows, decode_transposed, transpose_bytes};
+use kvfast_core::values::quantize::quantize_row;
+use kvfast_core::values::view::RecordView;
 use kvfast_core::{GgmlType, State, WalkOptions};
 
 /// Takes fields off the front of the fuzzer's bytes; zeros once they run out.

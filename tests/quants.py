@@ -37,3 +37,17 @@ def decode(type_name: str, raw: bytes) -> np.ndarray:
         return (q.astype(np.float32) * d + m).ravel()
     offset = 16 if type_name == "q5_0" else 8
     return ((q - offset).astype(np.float32) * d).ravel()
+
+
+def hadamard(x: np.ndarray, n: int) -> np.ndarray:
+    """Every group of ``n`` values of each row times the orthonormal Hadamard matrix (Sylvester
+    order, float64): an independent check of kvfast-core's transform."""
+    rows = x.reshape(-1, n).astype(np.float64)
+    h = 1
+    while h < n:
+        r = rows.reshape(-1, n // (2 * h), 2, h)
+        a, b = r[:, :, 0, :].copy(), r[:, :, 1, :].copy()
+        r[:, :, 0, :], r[:, :, 1, :] = a + b, a - b
+        rows = r.reshape(-1, n)
+        h *= 2
+    return (rows / np.sqrt(n)).reshape(x.shape)

@@ -12,8 +12,9 @@ from conftest import DATA
 from polars.testing import assert_frame_equal
 
 import kvfast
-from kvfast import dataset, export_parquet
+from kvfast import dataset
 from kvfast.cli import main
+from kvfast.dataset import export_parquet
 
 F16 = sorted(str(p) for p in DATA.glob("qwen3tiny-f16-fa*/seq-0.*"))
 KEY = ["dump", "cache", "stream", "layer", "kind", "cell", "seq_id", "head"]
@@ -223,3 +224,29 @@ def test_cli_export_and_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (tmp_path / "bad.bin").write_bytes(b"nope")
     assert main(["export", str(tmp_path / "bad.bin"), "-o", str(out), "--on-error", "skip"]) == 1
     assert "failed:" in capsys.readouterr().err
+
+
+def test_an_opening_opens_as_kvfast_open_and_pickles_with_its_model_path(tmp_path: Path) -> None:
+    import pickle
+
+    from kvfast.read.opening import Opening
+
+    state = DATA / "qwen3tiny-3seq-shared" / "state.bin"
+    model = DATA / "models" / "tiny-qwen3.gguf"
+    how = Opening(model=model, pre_rope=True, storage_options={"anon": True})
+    assert how.model == os.path.abspath(model)  # a path stays a path: each open reads the GGUF itself
+    again = pickle.loads(pickle.dumps(how))
+    assert again == how and isinstance(again.model, str)
+    with again.open(state) as d, kvfast.open(state, model=model, pre_rope=True) as want:
+        assert d.pre_rope and d.model == want.model
+        assert d.to_polars(layers=[0], kinds="k").equals(want.to_polars(layers=[0], kinds="k"))
+    assert Opening(model=model).geometry() == kvfast.ModelGeometry.from_gguf(model)
+    rel = Opening(model=os.path.relpath(model))
+    assert rel.model == os.path.abspath(model)  # the workers' working directory is not the driver's
+    # the core's own refusal, at open, for export as for kvfast.open
+    with pytest.raises(kvfast.PreRopeError, match="needs the model's GGUF") as e:
+        Opening(head_dim=32, pre_rope=True).open(state)
+    with pytest.raises(kvfast.PreRopeError, match="needs the model's GGUF") as e2:
+        kvfast.export([state], tmp_path / "out", head_dim=32, pre_rope=True, on_error="skip")
+    assert str(e2.value) == str(e.value) and e2.value.field == "model"
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*/_kvfast.json"))

@@ -17,8 +17,8 @@ from conftest import DATA
 from polars.testing import assert_frame_equal
 
 import kvfast
-from kvfast import export_progress
 from kvfast.cli import main
+from kvfast.dataset import export_progress
 
 F16 = str(DATA / "qwen3tiny-f16-fa/seq-0.bin")
 Q8 = str(DATA / "qwen3tiny-q8_0-fa/seq-0.bin")

@@ -24,8 +24,9 @@ import pytest
 from polars.testing import assert_frame_equal
 
 import kvfast
-from kvfast import export_commit, export_parquet, synth
+from kvfast import synth
 from kvfast.cli import main
+from kvfast.dataset import export_commit, export_parquet
 
 HERE = Path(__file__).resolve()
 KEY = ["path", "cache", "stream", "layer", "kind", "cell", "seq_id", "head"]

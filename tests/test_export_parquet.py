@@ -16,8 +16,8 @@ from conftest import DATA
 from polars.testing import assert_frame_equal
 
 import kvfast
-from kvfast import export_parquet, synth
-from kvfast.dataset import dump_id
+from kvfast import synth
+from kvfast.dataset import dump_id, export_parquet
 
 F16 = str(DATA / "qwen3tiny-f16-fa/seq-0.bin")
 Q8 = str(DATA / "qwen3tiny-q8_0-fa/seq-0.bin")

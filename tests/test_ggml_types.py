@@ -5,8 +5,9 @@ from __future__ import annotations
 import gguf
 import pytest
 
-from kvfast import _kvfast, ggml, synth
-from kvfast.address import value_byte
+from kvfast import _kvfast, synth
+from kvfast.read import ggml
+from kvfast.read.address import value_byte
 
 
 @pytest.mark.parametrize("name", list(ggml.TYPES))

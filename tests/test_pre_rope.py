@@ -13,7 +13,8 @@ import polars as pl
 import pytest
 
 import kvfast
-from kvfast.pre_rope import PreRopeError, model_rope
+from kvfast import _kvfast
+from kvfast.model.pre_rope import PreRopeError, model_rope
 
 DATA = Path(__file__).parent / "data"
 QWEN3 = DATA / "models" / "tiny-qwen3.gguf"
@@ -149,15 +150,17 @@ def test_bad_rope_parameters_are_named(tmp_path: Path) -> None:
     with pytest.raises(kvfast.PreRopeError) as e:
         kvfast.open(SHARED, model=path, pre_rope=True)
     assert e.value.field == "qwen3.rope.freq_base"
-    # the binding checks what it is given too
-    state = kvfast.open(SHARED, model=QWEN3)._live()
+    # kvfast-core checks the rope it is given against the K rows too
+    geometry = kvfast.ModelGeometry.from_gguf(QWEN3)
     rope = model_rope(QWEN3, 32)["global"]
-    with pytest.raises(ValueError, match="does not fit"):
-        state.set_rope([[{**rope, "n_dims": 33}, None]])
-    with pytest.raises(ValueError, match="finite and positive"):
-        state.set_rope([[{**rope, "freq_base": float("nan")}]])
-    with pytest.raises(ValueError, match="for 2 caches"):
-        state.set_rope([[], []])
+    for bad, match in (
+        ({"n_dims": 33}, "does not fit"),
+        ({"freq_base": float("nan")}, "finite and positive"),
+    ):
+        given = {**rope, **bad}
+        pair = {"global": given, "swa": given}
+        with pytest.raises(kvfast.PreRopeError, match=match):
+            _kvfast.open(SHARED, model=geometry, pre_rope=True, rope=lambda _hd, pair=pair: pair)
     # a geometry without its GGUF cannot say the rope
     geometry = kvfast.ModelGeometry.from_gguf(QWEN3)
     with pytest.raises(kvfast.PreRopeError, match="needs the model's GGUF"):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import DATA
 
-from kvfast import probe_guard
 from kvfast.cli import main
+from kvfast.probe import guard as probe_guard
 
 MODEL = str(DATA / "models/tiny-qwen3.gguf")
 

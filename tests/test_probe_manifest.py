@@ -14,8 +14,8 @@ import pytest
 from conftest import DATA
 
 import kvfast
-from kvfast import probe_manifest
 from kvfast.model import ModelGeometry
+from kvfast.probe import manifest as probe_manifest
 
 SEQ = DATA / "qwen3tiny-f16-fa" / "seq-0.ggsq"
 GEOMETRY = ModelGeometry.from_gguf(DATA / "models" / "tiny-qwen3.gguf")
@@ -141,7 +141,7 @@ def test_opening_does_not_import_the_probe_runner(tmp_path: Path) -> None:
         "import sys, kvfast\n"
         f"d = kvfast.open({str(tmp_path / 'a.ggsq')!r})\n"
         "assert d.head_dim_k is not None\n"
-        "print(sorted(m for m in sys.modules if m in ('kvfast.probe', 'llama_cpp')))"
+        "print(sorted(m for m in sys.modules if m in ('kvfast.probe.runner', 'llama_cpp')))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr

@@ -22,9 +22,11 @@ ray = pytest.importorskip("ray")
 import kvfast
 import kvfast.ray as kray
 from kvfast import dataset
+from kvfast.dataset import states as states_of
 from kvfast.ray import plan
 from kvfast.ray.local import LocalCluster
 from kvfast.ray.source import Work
+from kvfast.read.opening import Opening
 
 F16 = sorted(str(p) for p in DATA.glob("qwen3tiny-f16-fa*/seq-0.*"))
 SHARED = dataset.expand(DATA / "qwen3tiny-3seq-shared")
@@ -125,7 +127,7 @@ def test_ray_filters_narrow_the_plan() -> None:
     from kvfast.ray.ray_expr import to_polars
     from kvfast.ray.source import StatesSource
 
-    how = plan.opening(32, None, "auto", False)
+    how = Opening(head_dim=32)
     sel = plan.selection(None, {"kind": "k"})
     schema = {**dataset.INDEX_SCHEMA, "values": pl.Array(pl.Float16, 32)}
     src = StatesSource(
@@ -192,8 +194,8 @@ def test_planning_reads_only_the_selected_records() -> None:
     tasks = plan.plan(states, sel, False, task_bytes=1).tasks(200)
     assert {r[1] for t in tasks for r in t.records} == {1}
     assert sorted({t.path for t in tasks}) == sorted(SHARED)
-    how = plan.opening(32, None, "auto", False)
-    want = sum(dataset._record_bytes(d, 0, 1, k) for _, d in states for k in "kv")
+    how = Opening(head_dim=32)
+    want = sum(states_of.record_bytes(d, 0, 1, k) for _, d in states for k in "kv")
     assert sum(t.nbytes for t in tasks) == want
     work = Work(how, sel, "values", None)
     dataset.READS.clear()
@@ -229,8 +231,9 @@ def test_bad_selections_are_refused() -> None:
         plan.selection(None, {"layer": "1"})
     with pytest.raises(kvfast.SelectionError, match="kind"):
         plan.selection(None, {"kind": 1})
-    with pytest.raises(kvfast.KvfastError, match="GGUF"):
-        plan.opening(None, None, "auto", True)
+    # keys before RoPE without the model's GGUF: refused on the driver, by opening, before any task
+    with pytest.raises(kvfast.PreRopeError, match="GGUF"):
+        kray.read_states(SHARED, pre_rope=True)
 
 
 @pytest.mark.parametrize("by", ["cell", "channel", "head", "layer"])

@@ -19,7 +19,8 @@ from polars.testing import assert_frame_equal
 from s3_server import moto_s3
 
 import kvfast
-from kvfast import remote, synth
+from kvfast import synth
+from kvfast.read import remote
 
 DATA = Path(__file__).parent / "data"
 MODELS = DATA / "models"

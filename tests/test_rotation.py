@@ -18,7 +18,7 @@ import pytest
 from conftest import DATA
 
 import kvfast
-from kvfast.rotation import RotationWarning
+from kvfast.model.rotation import RotationWarning
 
 MODEL = DATA / "models/tiny-qwen3-hd128.gguf"
 CONTAINERS = ["seq-0.bin", "seq-0.ggsq", "state.bin", "state.ggsn"]

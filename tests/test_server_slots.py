@@ -9,10 +9,10 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from quants import hadamard
 
 import kvfast
 from kvfast.cli import main
-from kvfast.rotation import hadamard
 
 DATA = Path(__file__).parent / "data"
 SERVER = DATA / "gemma3-270m-server"

@@ -11,7 +11,9 @@ import pytest
 from conftest import DATA
 
 import kvfast
-from kvfast.write_cells import cells
+import kvfast.writing.cells
+from kvfast import _kvfast
+from kvfast.writing.cells import cells
 
 ALL_STATES = sorted(
     f
@@ -258,8 +260,9 @@ def test_sequences_rename_extract_and_join(tmp_path: Path) -> None:
     with kvfast.open(folder / "state.bin") as d, pytest.raises(kvfast.WriteError, match="choose"):
         kvfast.write(d, tmp_path / "x", container="ggsq")
     a, b = kvfast.open(folder / "seq-0.ggsq"), kvfast.open(folder / "seq-2.ggsq")
-    with pytest.raises(kvfast.FormatError, match="rename"):
+    with pytest.raises(kvfast.WriteError, match="rename") as e:
         kvfast.write([a, a], tmp_path / "x", arch="qwen3")
+    assert e.value.field == "seq_id" and not isinstance(e.value, kvfast.FormatError)
     with pytest.raises(kvfast.WriteError, match="arch"):
         kvfast.write([a, b], tmp_path / "x")
     kvfast.write([a, b], tmp_path / "j", arch="qwen3", seq_id=[0, 1])
@@ -278,12 +281,30 @@ def test_bad_arguments_are_write_errors(tmp_path: Path) -> None:
             ({"container": "seq", "version": 3}, "version"),
             ({"seq_id": 256}, "seq_id"),
             ({"seq_map": {0: -1}}, "seq_id"),
+            ({"seq_map": {0: 2**40}}, "seq_id"),
+            ({"v_trans": True, "cache_type_v": "q8_0", "rotate": False}, "v_trans"),
+            ({"keep": [True] * 6}, "keep"),
             ({"cache_type_k": "q4_k"}, "cache_type_k"),
             ({"values": {(0, "r"): np.zeros((7, 64))}}, "values"),
         ):
             with pytest.raises(kvfast.WriteError) as e:
                 kvfast.write(d, tmp_path / "x", **kw)  # type: ignore[arg-type]
             assert e.value.field == field and e.value.kind == "write"
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_writers_rules_are_the_cores(tmp_path: Path) -> None:
+    """Containers, versions and sequence ids as kvfast-core writes them; its refusals are
+    kvfast.WriteError (one class, wherever it is imported from), the argument in ``field``."""
+    assert kvfast.WriteError is kvfast.errors.WriteError is kvfast.writing.cells.WriteError
+    assert _kvfast.WRITE_VERSIONS == {"seq": [], "ggsq": [2, 3], "ggsn": [9, 10], "state": []}
+    assert _kvfast.MAX_SEQ == 256
+    with kvfast.open(DATA / "qwen3tiny-3seq-shared/state.bin") as d:
+        with pytest.raises(kvfast.WriteError, match=r"holds sequences \[0, 1, 2\], not 7") as e:
+            kvfast.write(d, tmp_path / "x", seq_id=7)
+        assert e.value.field == "seq_id"
+        with pytest.raises(kvfast.WriteError, match="LLAMA_MAX_SEQ"):
+            kvfast.write(d, tmp_path / "x", seq_id=256)
     assert not list(tmp_path.iterdir())
 
 

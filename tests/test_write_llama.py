@@ -1,4 +1,4 @@
-"""Written states loaded back by llama.cpp itself (llama-cpp-python's C API, kvfast.replay): each
+"""Written states loaded back by llama.cpp itself (llama-cpp-python's C API, kvfast.probe.replay): each
 is accepted by the call of its container (llama_state_seq_set_data, llama_state_seq_load_file,
 llama_state_load_file, llama_state_set_data) into a fresh context, and decoding goes on from it.
 
@@ -23,7 +23,7 @@ import kvfast
 
 if not os.environ.get("KVFAST_REQUIRE_PROBE"):
     pytest.importorskip("llama_cpp")
-from kvfast.replay import LoadError, Replay
+from kvfast.probe.replay import LoadError, Replay
 
 MODELS = DATA / "models"
 QWEN3, HD128 = MODELS / "tiny-qwen3.gguf", MODELS / "tiny-qwen3-hd128.gguf"

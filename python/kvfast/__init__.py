@@ -5,36 +5,43 @@
 ...     df = dump.to_polars()
 """
 
+import sys
 from importlib.resources import files
+from typing import TYPE_CHECKING
 
+from kvfast import _aliases
 from kvfast._kvfast import __version__
-from kvfast.analysis import MatchError, compare
-from kvfast.compare_modes import TokenMismatchWarning
-from kvfast.compare_scan import compare_scan
-from kvfast.dataset import dump_id, manifest, scan, scan_stats
+from kvfast.analysis.compare_scan import compare_scan
+from kvfast.analysis.measure import compare
+from kvfast.dataset.export import export
+from kvfast.dataset.export_read import export_schema, scan_export
+from kvfast.dataset.states import dump_id, manifest, scan, scan_stats
 from kvfast.errors import (
     AmbiguousError,
     ClosedError,
+    ExportError,
     FileChangedError,
     FormatError,
     KvfastError,
+    MatchError,
     ModelMismatchError,
     NotFetchedError,
+    PreRopeError,
     RemoteError,
+    RotationError,
+    RotationWarning,
     SelectionError,
+    TokenMismatchWarning,
     TruncatedError,
     UnsupportedVersionError,
+    WriteError,
 )
-from kvfast.export import ExportError, export
-from kvfast.export_read import export_schema, scan_export
-from kvfast.floats import upcast
-from kvfast.model import ModelGeometry
-from kvfast.pre_rope import PreRopeError
-from kvfast.rotation import Rotation, RotationError, RotationWarning
-from kvfast.state import State, open
-from kvfast.structure import Cache, Layer, Stream
-from kvfast.write import write
-from kvfast.write_cells import WriteError
+from kvfast.model.geometry import ModelGeometry
+from kvfast.model.rotation import Rotation
+from kvfast.read.floats import upcast
+from kvfast.read.state import State, open
+from kvfast.read.structure import Cache, Layer, Stream
+from kvfast.writing.write import write
 
 #: The former name of :class:`State`, kept so code written against it runs.
 Dump = State
@@ -44,6 +51,12 @@ def sample_path() -> str:
     """Path of the sample state bundled with kvfast (Gemma 3 270M, 'The cat sat on the mat.', GGSQ 3)."""
     return str(files("kvfast") / "data" / "sample.ggsq")
 
+
+# The module paths before the subpackages (kvfast.write_cells, kvfast.replay, ...): deprecated
+# aliases of the modules at their new paths, all listed in kvfast._aliases.
+_aliases.install(sys.modules[__name__])
+if not TYPE_CHECKING:
+    __getattr__ = _aliases.module_getattr
 
 __all__ = [
     "AmbiguousError",

@@ -1,5 +1,5 @@
 import sys
 
-from kvfast.cli import main
+from kvfast.cli.commands import main
 
 sys.exit(main())

@@ -5,7 +5,19 @@ from os import PathLike
 from typing import Any, final
 
 __version__: str
+INDEX_COLUMNS: dict[str, str]
+KINDS: list[str]
+MAX_LAYERS: int
+MAX_SEQ: int
+MAX_VALUES: int
+WRITE_VERSIONS: dict[str, list[int]]
 __all__ = [
+    "INDEX_COLUMNS",
+    "KINDS",
+    "MAX_LAYERS",
+    "MAX_SEQ",
+    "MAX_VALUES",
+    "WRITE_VERSIONS",
     "AmbiguousError",
     "ArrowStream",
     "ByteView",
@@ -25,8 +37,11 @@ __all__ = [
     "ggml_types",
     "gguf_metadata",
     "gguf_vocab",
+    "model_rope",
+    "open",
     "quant_error",
     "quantize",
+    "read_model",
     "rotation_group",
     "write_parquet",
     "write_state",
@@ -70,14 +85,6 @@ class State:
         v_less: bool | None = None,
         recurrent: tuple[int, int] | None = None,
     ) -> State: ...
-    @staticmethod
-    def remote(
-        size: int,
-        fetch: Any,
-        cell_ext: bool | None = None,
-        v_less: bool | None = None,
-        recurrent: tuple[int, int] | None = None,
-    ) -> State: ...
     @property
     def fetched(self) -> tuple[int, int, int]: ...
     def prefetch(
@@ -93,20 +100,12 @@ class State:
         v_less: bool | None = None,
         recurrent: tuple[int, int] | None = None,
     ) -> State: ...
-    def set_geometry(
-        self,
-        head_dim_k: int | None = None,
-        head_dim_v: int | None = None,
-        model: dict[str, Any] | None = None,
-    ) -> None: ...
     @property
     def head_dims(self) -> tuple[int | None, int | None]: ...
     @property
     def model_layers(self) -> list[list[int] | None]: ...
     def records(self) -> ArrowStream: ...
-    def set_rotation(self, groups: list[list[int]]) -> None: ...
     def value_plan(self) -> tuple[str, list[int]] | None: ...
-    def set_rope(self, spec: list[list[dict[str, Any] | None]]) -> None: ...
     @property
     def rotation(self) -> list[list[int]]: ...
     def close(self) -> None: ...
@@ -131,10 +130,26 @@ class State:
         with_values: bool = True,
     ) -> ArrowStream: ...
 
+def open(
+    path: str | PathLike[str],
+    *,
+    size: int | None = None,
+    fetch: Callable[[list[tuple[int, int]]], list[bytes]] | None = None,
+    cell_ext: bool | None = None,
+    mmap: bool = True,
+    head_dim: int | None = None,
+    model: Any = None,
+    rotation: str = "auto",
+    hint: tuple[bool, str] | None = None,
+    pre_rope: bool = False,
+    rope: Callable[[int], dict[str, Any]] | None = None,
+) -> tuple[State, dict[str, Any]]: ...
 def gguf_metadata(path: str | PathLike[str]) -> dict[str, Any]: ...
 def ggml_types() -> dict[str, tuple[int, int, int, int]]: ...
 def attention_map(model: dict[str, Any], cache_layers: list[int]) -> list[list[int]]: ...
 def gguf_vocab(path: str | PathLike[str]) -> list[str] | None: ...
+def read_model(path: str | PathLike[str]) -> dict[str, Any]: ...
+def model_rope(path: str | PathLike[str], head_dim_k: int) -> dict[str, dict[str, Any]]: ...
 def cell_stats(state: State, sel: dict[str, Any], skip_first: int) -> ArrowStream: ...
 def aggregate_stats(
     state: State, sel: dict[str, Any], skip_first: int

@@ -13,7 +13,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from kvfast.ggml import TYPES
+from kvfast.read.ggml import TYPES
 
 GGSQ_MAGIC = 0x67677371
 GGSN_MAGIC = 0x6767736E

@@ -21,19 +21,20 @@ import pyarrow as pa
 import ray
 import ray.data
 
-from kvfast import dataset
-from kvfast.model import ModelGeometry
+from kvfast.dataset import states as dataset
+from kvfast.model.geometry import ModelGeometry
+from kvfast.model.rotation import Mode
 from kvfast.ray import plan
 from kvfast.ray.exporting import export
 from kvfast.ray.source import StatesSource, Work
-from kvfast.rotation import Mode
-from kvfast.state import State
+from kvfast.read.opening import Opening
+from kvfast.read.state import State
 
 __all__ = ["export", "read_states", "stats", "to_polars"]
 
 
-def _open(paths: dataset.Paths, how: plan.Opening) -> list[tuple[str, State]]:
-    return [(p, how.open(p)) for p in map(plan.where, dataset.expand(paths))]
+def _open(paths: dataset.Paths, how: Opening) -> list[tuple[str, State]]:
+    return dataset.open_all([plan.where(p) for p in dataset.expand(paths, how.storage_options)], how)
 
 
 def read_states(
@@ -67,10 +68,10 @@ def read_states(
     fewer), more when Ray asks for fewer tasks. ``read_args`` go to ``ray.data.read_datasource``
     (``override_num_blocks``, ``concurrency``, ``ray_remote_args``...).
     """
-    how = plan.opening(head_dim, model, rotation, pre_rope)
+    how = Opening(head_dim, model, rotation, pre_rope)
     sel = plan.selection(filter, _chosen(locals()))
     states = _open(paths, how)
-    values_type, dtype = dataset._values_schema([d for _, d in states])
+    values_type, dtype = dataset.values_schema([d for _, d in states])
     schema = {**dataset.INDEX_SCHEMA, "values": values_type}
     _check_columns(columns, schema)
     planned = plan.plan(states, sel, False, task_bytes)
@@ -111,7 +112,7 @@ def stats(
     those columns)."""
     if by not in dataset.STATS_SCHEMAS:
         raise ValueError(f"by must be one of {sorted(dataset.STATS_SCHEMAS)}, not {by!r}")
-    how = plan.opening(head_dim, model, rotation, pre_rope)
+    how = Opening(head_dim, model, rotation, pre_rope)
     sel = plan.selection(filter, _chosen(locals()))
     states = _open(paths, how)
     schema = {"dump": pl.String(), "path": pl.String(), **dataset.STATS_SCHEMAS[by]}

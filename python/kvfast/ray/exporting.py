@@ -1,7 +1,7 @@
 """``kvfast.export`` on a Ray cluster: one task per state, each exporting it where it runs.
 
-Each task runs the single-machine export of one state (:func:`kvfast.export._export_one`): it stages
-the state's files in its own run folder of :class:`kvfast.export_commit.Commit` and publishes them
+Each task runs the single-machine export of one state (:func:`kvfast.dataset.export.export_one`): it stages
+the state's files in its own run folder of :class:`kvfast.dataset.export_commit.Commit` and publishes them
 with one rename, so every state is atomic, a state already exported and unchanged is skipped (the
 export resumes), and several workers and processes may export into one OUT at once. The output
 folder must be one file system that every worker mounts (the publishing rename and its ``flock``
@@ -21,20 +21,20 @@ from typing import Any
 import polars as pl
 import ray
 
-from kvfast.dataset import Paths
-from kvfast.export import _export_one, _Outcomes, _plan, _size
-from kvfast.export_commit import Commit
-from kvfast.export_progress import Progress
-from kvfast.model import ModelGeometry
+from kvfast.dataset.export import Outcomes, export_one, plan_export, source_size
+from kvfast.dataset.export_commit import Commit
+from kvfast.dataset.export_progress import Progress
+from kvfast.dataset.states import Paths
+from kvfast.model.geometry import ModelGeometry
+from kvfast.model.rotation import Mode
 from kvfast.ray.plan import where
-from kvfast.rotation import Mode
 
 
 def _one(opts: Any, path: str, real: str) -> dict[str, Any]:
     """Export one state on a worker, in a staging run of its own; its report row."""
     quiet = Progress(0, 1, False)
     with Commit(opts.out) as commit:
-        return _export_one(opts, commit, quiet, path, real)
+        return export_one(opts, commit, quiet, path, real)
 
 
 def export(
@@ -59,7 +59,7 @@ def export(
     CPUs); ``ray_remote_args``: options of the tasks (``num_cpus``, ``memory``, a node label...).
     ``progress``: a bar of bytes of the states done, on the driver's stderr."""
     # the real path of the output: the workers may run elsewhere in the file system
-    files, opts = _plan(
+    files, opts = plan_export(
         paths,
         Path(os.path.realpath(out_dir)),
         what,
@@ -78,9 +78,9 @@ def export(
     cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
     n_jobs = max(1, tasks or int(cpus))
     remote = ray.remote(_one).options(**{"num_cpus": 1, "max_retries": 2, **(ray_remote_args or {})})
-    sizes = {f: _size(real) for f, real in files.items()}
+    sizes = {f: source_size(real, opts.opening.storage_options) for f, real in files.items()}
     bar = Progress(sum(sizes.values()), len(files), progress)
-    outcomes = _Outcomes(files, on_error)
+    outcomes = Outcomes(files, on_error)
     todo = iter(files.items())
     running: dict[Any, str] = {}
     while True:
@@ -105,7 +105,7 @@ def _result(ref: Any, path: str, real: str) -> dict[str, Any]:
     try:
         row: dict[str, Any] = ray.get(ref)
     except Exception as e:  # noqa: BLE001 - every failure is reported
-        from kvfast.dataset import dump_id
+        from kvfast.dataset.states import dump_id
 
         cause = getattr(e, "cause", None) or e
         row = {

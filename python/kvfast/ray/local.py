@@ -23,15 +23,7 @@ from typing import Self
 
 import ray
 
-from kvfast.errors import KvfastError
-
-
-class ClusterError(KvfastError, RuntimeError):
-    """The local cluster did not come up (the message ends with the nodes' logs)."""
-
-    kind = "ray_cluster"
-    offset = None
-    field = None
+from kvfast.errors import ClusterError
 
 
 def _free_port() -> int:

@@ -19,11 +19,9 @@ from typing import Any
 
 import polars as pl
 
-from kvfast import dataset
+from kvfast.dataset import states as dataset
 from kvfast.errors import SelectionError
-from kvfast.model import ModelGeometry
-from kvfast.rotation import Mode
-from kvfast.state import State
+from kvfast.read.state import State
 
 #: The keyword selections: the columns ``scan`` pushes down.
 SELECTIONS = ("dump", "cache", "layer", "model_layer", "kind", "head", "seq_id")
@@ -40,34 +38,6 @@ def where(path: str) -> str:
     """A path as the workers must be given it: absolute (their working directory is not the
     driver's); a URL as it is."""
     return path if "://" in path else os.path.abspath(path)
-
-
-@dataclass(frozen=True)
-class Opening:
-    """How every state of a read is opened, on the driver and on the workers alike."""
-
-    head_dim: int | None
-    model: ModelGeometry | None
-    rotation: Mode
-    #: The GGUF keys before RoPE are read with (None: keys as stored).
-    pre_rope_model: str | None
-
-    def open(self, path: str) -> State:
-        return dataset._open_all([path], self.head_dim, self.model, self.rotation, self.pre_rope_model)[0][1]
-
-
-def opening(
-    head_dim: int | None,
-    model: str | os.PathLike[str] | ModelGeometry | None,
-    rotation: Mode,
-    pre_rope: bool,
-) -> Opening:
-    if pre_rope and (model is None or isinstance(model, ModelGeometry)):
-        from kvfast.pre_rope import PreRopeError
-
-        raise PreRopeError("pre_rope=True needs the model's GGUF (model=PATH)", field="model")
-    pre = os.fspath(model) if pre_rope and model is not None else None  # type: ignore[arg-type]
-    return Opening(head_dim, dataset._geometry(model), rotation, pre)
 
 
 @dataclass(frozen=True)
@@ -143,10 +113,10 @@ _RECORD_KEYS = ("dump", "path", "cache", "layer", "model_layer", "kind")
 
 def _record_table(at: str, d: State) -> pl.DataFrame:
     """The state's records (K and V) with their value bytes, and ``_at``, the path its tasks open."""
-    recs = dataset._records(d)
+    recs = dataset.records(d)
     if "nbytes" not in recs.columns:
         keys = recs.select("cache", "layer", "kind").iter_rows()
-        recs = recs.with_columns(nbytes=pl.Series([dataset._record_bytes(d, *k) for k in keys]))
+        recs = recs.with_columns(nbytes=pl.Series([dataset.record_bytes(d, *k) for k in keys]))
     return recs.select(*_RECORD_KEYS, pl.col("nbytes").cast(pl.Int64), _at=pl.lit(at, pl.String()))
 
 

@@ -21,9 +21,10 @@ import pyarrow as pa
 from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
-from kvfast import dataset
-from kvfast.ray.plan import Opening, Plan, Selection, Task
+from kvfast.dataset import states as dataset
+from kvfast.ray.plan import Plan, Selection, Task
 from kvfast.ray.ray_expr import to_polars
+from kvfast.read.opening import Opening
 
 
 def arrow_schema(schema: dict[str, pl.DataType]) -> pa.Schema:
@@ -58,13 +59,13 @@ class Work:
         need_values = "values" in wanted or (rows is not None and "values" in rows.meta.root_names())
         for cache, layer, kind in task.records:
             if rows is not None and self.sel.index_only:
-                index = dataset._frame(d, cache, layer, kind, self.dtype, values=False).filter(rows)
+                index = dataset.record_frame(d, cache, layer, kind, self.dtype, values=False).filter(rows)
                 if index.is_empty():
                     continue
                 if not need_values:
                     yield index.select(wanted)
                     continue
-            df = dataset._frame(d, cache, layer, kind, self.dtype, values=need_values)
+            df = dataset.record_frame(d, cache, layer, kind, self.dtype, values=need_values)
             yield (df if rows is None else df.filter(rows)).select(wanted)
 
     def _stats(self, d: Any, task: Task, wanted: list[str]) -> Iterator[pl.DataFrame]:
@@ -85,7 +86,7 @@ class StatesSource(Datasource):
         name: str,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self._plan = plan
+        self.plan_export = plan
         self._work = work
         self._schema = schema
         self._columns = list(schema) if columns is None else columns
@@ -113,7 +114,7 @@ class StatesSource(Datasource):
         sel = self._work.sel.narrowed(expr)
         clone._work = replace(self._work, sel=sel)
         if sel.records is not None:
-            clone._plan = self._plan.narrowed(sel.records)
+            clone.plan_export = self.plan_export.narrowed(sel.records)
         clone._tasks = {}
         return clone
 
@@ -124,7 +125,7 @@ class StatesSource(Datasource):
 
     def tasks(self, parallelism: int) -> list[Task]:
         if parallelism not in self._tasks:
-            self._tasks[parallelism] = self._plan.tasks(parallelism)
+            self._tasks[parallelism] = self.plan_export.tasks(parallelism)
         return self._tasks[parallelism]
 
     def estimate_inmemory_data_size(self) -> int | None:

@@ -1,7 +1,7 @@
 //! Layouts built field by field for the planners' unit tests (no bytes behind them).
 
-use crate::layout::{Cache, Container, Kind, Layer, Layout, Memory, Record, Stream};
-use crate::types::GgmlType;
+use crate::format::layout::{Cache, Container, Kind, Layer, Layout, Memory, Record, Stream};
+use crate::format::types::GgmlType;
 
 /// A record of `n_embd` values per cell (its offsets mean nothing).
 pub fn record(ty: GgmlType, n_embd: u64) -> Record {

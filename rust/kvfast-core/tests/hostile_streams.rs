@@ -2,8 +2,8 @@
 //! type, v_trans, the layer count) is refused at open, naming the field and its byte offset,
 //! because every kernel that reads a cache's records takes their geometry from one of them.
 
-use kvfast_core::stats::{accumulate, cell_stats};
-use kvfast_core::view::RecordView;
+use kvfast_core::stats::passes::{accumulate, cell_stats};
+use kvfast_core::values::view::RecordView;
 use kvfast_core::{walk, Error, State, WalkOptions};
 
 /// One stream: `cells` cells of sequence 0, `layers` layers of K and V records, each

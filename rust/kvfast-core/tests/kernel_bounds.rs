@@ -1,9 +1,9 @@
 //! The decoding kernels are safe functions: whatever slices they are given, they read only inside
 //! them, never panic, and mark the values their source does not hold as NaN.
 
-use kvfast_core::decode::{decode_row, decode_rows, decode_transposed, transpose_bytes};
-use kvfast_core::quantize::quantize_row;
-use kvfast_core::types::ALL_TYPES;
+use kvfast_core::format::types::ALL_TYPES;
+use kvfast_core::values::decode::{decode_row, decode_rows, decode_transposed, transpose_bytes};
+use kvfast_core::values::quantize::quantize_row;
 
 #[test]
 fn decode_row_reads_only_whole_blocks_it_is_given() {

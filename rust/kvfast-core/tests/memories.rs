@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use kvfast_core::layout::{Kind, Memory};
-use kvfast_core::recurrent::RecurrentHint;
+use kvfast_core::format::layout::{Kind, Memory};
+use kvfast_core::format::recurrent::RecurrentHint;
 use kvfast_core::{walk, Error, Layout, WalkOptions};
 
 const FILES: [&str; 4] = ["seq-0.bin", "seq-0.ggsq", "state.bin", "state.ggsn"];

@@ -5,9 +5,9 @@
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 
-use kvfast_core::select::{jobs, Selection};
-use kvfast_core::sparse::PAGE;
-use kvfast_core::state::Policy;
+use kvfast_core::plan::select::{jobs, Selection};
+use kvfast_core::source::sparse::PAGE;
+use kvfast_core::source::state::Policy;
 use kvfast_core::{walk, Error, Kind, State, WalkOptions};
 
 fn states(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -166,7 +166,7 @@ fn the_walk_fetches_metadata_in_a_few_rounds_and_passes_need_their_rows() {
         .map(|&(o, n)| b[o as usize..(o + n) as usize].to_vec())
         .collect();
     let got: Vec<&[u8]> = got.iter().map(|v| v.as_slice()).collect();
-    kvfast_core::state::fill_fetched(s, &want, &got).unwrap();
+    kvfast_core::source::state::fill_fetched(s, &want, &got).unwrap();
     let v = sf.view(&js[0]).unwrap();
     let mut out = vec![0f32; 1024];
     v.decode(5, 6, &mut out);

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use kvfast_core::write::{Format, StateParts};
+use kvfast_core::write::parts::{Format, StateParts};
 use kvfast_core::{walk, Container, Layout, WalkOptions};
 
 fn states() -> Vec<PathBuf> {

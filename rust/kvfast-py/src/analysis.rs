@@ -1,12 +1,12 @@
 //! Statistics, comparisons and quantization losses: kvfast-core's tables (`stats_tables`,
 //! `compare_table`) over a state's selection, computed with the GIL released, handed out as Arrow.
 
-use kvfast_core::compare_table::{compare as compare_table, Match, Other};
-use kvfast_core::quantize::quantize_row;
-use kvfast_core::select::Selection;
-use kvfast_core::stats_tables::{
+use kvfast_core::compare::table::{compare as compare_table, Match, Other};
+use kvfast_core::plan::select::Selection;
+use kvfast_core::stats::tables::{
     aggregate, cell_stats as cell_tables, quant_error as loss_table, Pass,
 };
+use kvfast_core::values::quantize::quantize_row;
 use kvfast_core::GgmlType;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -175,7 +175,7 @@ pub(crate) fn compare_matched(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::state;
+    use kvfast_arrow::testing::state;
 
     #[test]
     fn an_empty_selection_gives_every_column_and_no_row() {
@@ -215,7 +215,7 @@ mod tests {
         let t = cell_tables(&p, 1).unwrap();
         assert_eq!(t.len(), 4); // K, V of 2 layers
         assert_eq!(t[0].rows(), 2); // cells at positions >= 1
-        let b = crate::columns::batch(t[1].clone());
+        let b = kvfast_arrow::columns::batch(t[1].clone());
         assert_eq!(
             b.schema().field(2).data_type(),
             &arrow_schema::DataType::UInt16

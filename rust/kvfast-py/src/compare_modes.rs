@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 
-use kvfast_core::compare_table::Match;
+use kvfast_core::compare::table::Match;
 
 use crate::analysis::{compare_matched, SelectArg};
 use crate::errors::Result;

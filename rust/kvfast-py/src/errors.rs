@@ -1,11 +1,13 @@
 //! The binding's errors, and the one place they become Python exceptions: core errors keep their
-//! KvfastError subclass (field, offset and kind as attributes) or OSError; every other error is a
-//! usage error, raised as ValueError.
+//! KvfastError subclass (field, offset and kind as attributes) or OSError; kvfast-arrow's are the
+//! core's, OSError for a Parquet file's, or usage errors; an open error is the `kvfast.errors`
+//! class of its kind; every other error is a usage error, raised as ValueError.
 
 use std::path::Path;
 
-use kvfast_core::matching::Mismatch;
-use kvfast_core::select::PlanError;
+use kvfast_core::compare::matching::Mismatch;
+use kvfast_core::open::OpenError;
+use kvfast_core::plan::select::PlanError;
 use kvfast_core::GgmlType;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyOSError, PyValueError};
@@ -17,15 +19,30 @@ pub enum Error {
     /// Reading the state or a model: a KvfastError subclass, or OSError with the path.
     #[error(transparent)]
     Core(#[from] kvfast_core::Error),
+    /// Building Arrow tables or writing Parquet: the core's errors as above, a Parquet file's as
+    /// OSError, the others usage errors.
+    #[error(transparent)]
+    Tables(#[from] kvfast_arrow::Error),
     /// The selection does not fit the state (head sizes, heads, a type's blocks).
     #[error(transparent)]
     Plan(#[from] PlanError),
     /// A model whose layers do not fit the state's caches (kvfast makes it a ModelMismatchError).
     #[error(transparent)]
-    Map(#[from] kvfast_core::layer_map::MapError),
+    Map(#[from] kvfast_core::model::layer_map::MapError),
+    /// A model's metadata that is not what a model's is (kvfast's ModelMismatchError), a RoPE
+    /// kvfast does not undo (PreRopeError), or its header that cannot be read (a core error).
+    #[error(transparent)]
+    Model(#[from] kvfast_core::model::geometry::ModelError),
+    /// A write the core's writer cannot make (kvfast's WriteError, `field` the argument), or the
+    /// bytes it reads (a core error).
+    #[error(transparent)]
+    Write(#[from] kvfast_core::write::WriteError),
     /// Two states that cannot be compared (kvfast.compare makes it a MatchError).
     #[error(transparent)]
     Mismatch(#[from] Mismatch),
+    /// A state that cannot be opened as asked (its model, head size, rotation or RoPE).
+    #[error(transparent)]
+    Open(#[from] OpenError),
     #[error("the state is closed")]
     Closed,
     #[error("the state holds no cells")]
@@ -83,7 +100,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// "f32, f16, ..., q5_1 or iq4_nl": every type a cache can hold.
 fn type_names() -> String {
-    let names: Vec<&str> = kvfast_core::types::ALL_TYPES
+    let names: Vec<&str> = kvfast_core::format::types::ALL_TYPES
         .iter()
         .map(|t| t.name())
         .collect();
@@ -93,9 +110,9 @@ fn type_names() -> String {
     }
 }
 
-impl From<kvfast_core::stats_tables::TableError> for Error {
-    fn from(e: kvfast_core::stats_tables::TableError) -> Self {
-        use kvfast_core::stats_tables::TableError as E;
+impl From<kvfast_core::stats::tables::TableError> for Error {
+    fn from(e: kvfast_core::stats::tables::TableError) -> Self {
+        use kvfast_core::stats::tables::TableError as E;
         match e {
             E::Plan(p) => Error::Plan(p),
             E::Core(c) => Error::Core(c),
@@ -114,6 +131,14 @@ impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         match e {
             Error::Core(e) => core_to_py(e),
+            Error::Tables(e) => arrow_to_py(e),
+            Error::Open(e) => open_to_py(e),
+            // a selection the state's records do not have: the one error for a bad selection
+            Error::Plan(e) => kvfast_error("SelectionError", e.to_string(), None),
+            Error::Mismatch(m) => mismatch_to_py(m),
+            Error::Map(e) => kvfast_error("ModelMismatchError", e.to_string(), None),
+            Error::Model(e) => model_to_py(e),
+            Error::Write(e) => write_to_py(e),
             Error::Python(e) => e,
             other => PyValueError::new_err(other.to_string()),
         }
@@ -196,6 +221,18 @@ mod libc_errno {
     pub const EINVAL: i32 = 22;
 }
 
+/// Convert a kvfast-arrow error: the core's as the core's, a Parquet file's (making, writing,
+/// closing it; the writer's settings) OSError, the others ValueError.
+fn arrow_to_py(e: kvfast_arrow::Error) -> PyErr {
+    use kvfast_arrow::Error as E;
+    match e {
+        E::Core(c) => core_to_py(c),
+        e @ (E::Write { .. } | E::Parquet(_)) => PyOSError::new_err(e.to_string()),
+        E::Plan(e) => kvfast_error("SelectionError", e.to_string(), None),
+        e @ (E::Arrow(_) | E::MixedValues { .. }) => PyValueError::new_err(e.to_string()),
+    }
+}
+
 /// Convert a core error; I/O errors stay `OSError` (and its subclasses), with the path.
 fn core_to_py(e: kvfast_core::Error) -> PyErr {
     use kvfast_core::Error;
@@ -237,6 +274,84 @@ fn core_to_py(e: kvfast_core::Error) -> PyErr {
         }
     });
     err
+}
+
+/// An exception of `kvfast.errors` (the classes defined in Python), with `field` set if given.
+fn kvfast_error(name: &str, message: String, field: Option<String>) -> PyErr {
+    Python::attach(|py| {
+        let made = py
+            .import("kvfast.errors")
+            .and_then(|m| m.getattr(name))
+            .and_then(|cls| cls.call1((message.clone(),)));
+        match made {
+            Ok(v) => {
+                if v.setattr("field", field).is_err() {
+                    return PyValueError::new_err(message);
+                }
+                PyErr::from_value(v)
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+/// Two states that cannot be compared: a MatchError; where the cells of one sequence have no
+/// match in the other, it says how states of different sequences compare.
+fn mismatch_to_py(m: Mismatch) -> PyErr {
+    let hint = match m {
+        Mismatch::Cells { .. } => {
+            " (states of different sequences compare with match='position' or match='tokens')"
+        }
+        _ => "",
+    };
+    kvfast_error("MatchError", format!("{m}{hint}"), None)
+}
+
+/// Convert an open error: the bytes' errors as [`core_to_py`] does, every other to its class.
+fn open_to_py(e: OpenError) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        OpenError::Read(e) => core_to_py(e),
+        OpenError::Map(_) => kvfast_error("ModelMismatchError", msg, None),
+        OpenError::Model { field, .. } => kvfast_error("ModelMismatchError", msg, field),
+        OpenError::Selection(_) => kvfast_error("SelectionError", msg, None),
+        OpenError::Rotation(_) => kvfast_error("RotationError", msg, None),
+        OpenError::Rope { field, .. } => kvfast_error("PreRopeError", msg, field),
+        OpenError::Other(inner) => match inner.downcast::<PyErr>() {
+            Ok(py_err) => *py_err,
+            Err(other) => PyValueError::new_err(other.to_string()),
+        },
+    }
+}
+
+/// A model error as kvfast's Python exception of its kind, `field` set: ModelMismatchError
+/// (metadata) or PreRopeError (RoPE), both in `kvfast.errors`.
+fn model_to_py(e: kvfast_core::model::geometry::ModelError) -> PyErr {
+    use kvfast_core::model::geometry::ModelError as E;
+    match e {
+        E::Read(e) => core_to_py(e),
+        E::Metadata { field, message } => kvfast_error("ModelMismatchError", message, Some(field)),
+        E::Rope { field, message } => kvfast_error("PreRopeError", message, Some(field)),
+    }
+}
+
+/// A write error as kvfast's: a bad request `kvfast.errors.WriteError(field, message)`, the bytes'
+/// errors as [`core_to_py`] makes them.
+fn write_to_py(e: kvfast_core::write::WriteError) -> PyErr {
+    use kvfast_core::write::WriteError as E;
+    match e {
+        E::Read(e) => core_to_py(e),
+        E::Request { field, message } => Python::attach(|py| {
+            let made = py
+                .import("kvfast.errors")
+                .and_then(|m| m.getattr("WriteError"))
+                .and_then(|cls| cls.call1((field, message)));
+            match made {
+                Ok(v) => PyErr::from_value(v),
+                Err(e) => e,
+            }
+        }),
+    }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -6,16 +6,14 @@ mod columns;
 mod compare_modes;
 mod errors;
 mod model;
+mod model_read;
+mod open;
 mod parquet_write;
 mod remote;
 mod rope_args;
 mod rotation;
-mod rows;
 mod state;
 mod stream;
-mod table;
-#[cfg(test)]
-mod testing;
 mod types;
 mod write;
 
@@ -25,6 +23,7 @@ use pyo3::prelude::*;
 fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<state::PyState>()?;
+    m.add_function(wrap_pyfunction!(open::open, m)?)?;
     m.add_class::<byte_view::ByteView>()?;
     m.add_class::<stream::ArrowStream>()?;
     m.add_function(wrap_pyfunction!(model::gguf_metadata, m)?)?;
@@ -38,8 +37,17 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compare_modes::compare_positions, m)?)?;
     m.add_function(wrap_pyfunction!(rotation::rotation_group, m)?)?;
     m.add_function(wrap_pyfunction!(types::ggml_types, m)?)?;
-    m.add_function(wrap_pyfunction!(write::write_state, m)?)?;
+    write::register(m)?;
     m.add_function(wrap_pyfunction!(parquet_write::write_parquet, m)?)?;
+    model_read::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // the index columns' types and the record kinds, as kvfast-core defines them
+    let index = pyo3::types::PyDict::new(m.py());
+    for (name, ty) in kvfast_core::plan::columns::INDEX {
+        index.set_item(name, ty.name())?;
+    }
+    m.add("INDEX_COLUMNS", index)?;
+    let kinds: Vec<&str> = kvfast_core::Kind::ALL.iter().map(|k| k.name()).collect();
+    m.add("KINDS", kinds)?;
     Ok(())
 }

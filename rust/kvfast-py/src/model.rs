@@ -1,7 +1,7 @@
 //! A GGUF model's metadata for Python (only the header is read).
 
-use kvfast_core::gguf::{read_metadata, Value};
-use kvfast_core::layer_map::ModelLayers;
+use kvfast_core::model::gguf::{read_metadata, Value};
+use kvfast_core::model::layer_map::ModelLayers;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -43,7 +43,7 @@ pub fn gguf_metadata<'py>(py: Python<'py>, path: std::path::PathBuf) -> Result<B
 /// header alone; None when the model has none.
 #[pyfunction]
 pub fn gguf_vocab(py: Python<'_>, path: std::path::PathBuf) -> Result<Option<Vec<String>>> {
-    Ok(py.detach(|| kvfast_core::gguf::read_vocab(&path))?)
+    Ok(py.detach(|| kvfast_core::model::gguf::read_vocab(&path))?)
 }
 
 /// What a model says about its layers, as `ModelGeometry.layers()` gives it.

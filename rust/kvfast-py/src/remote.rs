@@ -3,9 +3,9 @@
 //! before it runs: the rows of the records it reads, the pages not fetched yet, in parallel
 //! requests. The pass then checks its rows are there (kvfast-core's `State::require`).
 
-use kvfast_core::select::{jobs, Selection};
-use kvfast_core::sparse::Sparse;
-use kvfast_core::state::{fill_fetched, walk_step, Policy, Step};
+use kvfast_core::plan::select::{jobs, Selection};
+use kvfast_core::source::sparse::Sparse;
+use kvfast_core::source::state::{fill_fetched, walk_step, Policy, Step};
 use kvfast_core::{State, WalkOptions};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;

@@ -1,6 +1,6 @@
 //! llama.cpp's rotation rule, for Python to plan with (the rule lives in kvfast-core).
 
-use kvfast_core::rotation::{k_group, v_group};
+use kvfast_core::values::rotation::{k_group, v_group};
 use kvfast_core::Kind;
 use pyo3::prelude::*;
 

@@ -3,12 +3,16 @@
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use kvfast_core::layer_map::{layer_map, model_layer, LayerMap, ModelLayers};
-use kvfast_core::records::{records, records_table};
-use kvfast_core::recurrent::RecurrentHint;
-use kvfast_core::rope::{rope_of, CellRope, RopeSpec};
-use kvfast_core::select::{jobs, Selection};
-use kvfast_core::table_plan::{out_type, Dtype, Out};
+use kvfast_arrow::rows::record_rows;
+use kvfast_arrow::table::{batches, TableRequest};
+use kvfast_core::format::recurrent::RecurrentHint;
+use kvfast_core::model::layer_map::{model_layer, LayerMap};
+use kvfast_core::open::{OpenOptions, Opened};
+use kvfast_core::plan::records::{records, records_table};
+use kvfast_core::plan::select::{jobs, Selection};
+use kvfast_core::plan::table_plan::{out_type, Dtype, Out};
+use kvfast_core::values::rope::{rope_of, CellRope, RopeSpec};
+use kvfast_core::values::rotation_decide::Mode;
 use kvfast_core::{GgmlType, Kind, Record, State, WalkOptions};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -17,23 +21,14 @@ use pyo3::types::{PyDict, PyList, PyString};
 use crate::byte_view::{i32s, ByteView};
 use crate::columns::finish;
 use crate::errors::{Error, Result};
-use crate::model::ModelArg;
-use crate::rope_args::{rope_spec, RopeArgs};
-use crate::rows::record_rows;
 use crate::stream::ArrowStream;
-use crate::table::{batches, TableRequest};
 
 #[pyclass(frozen, name = "State", module = "kvfast._kvfast")]
-/// A walked state for Python (`kvfast._kvfast.State`): kvfast-core's [`State`] with the geometry,
-/// rotation and RoPE every pass reads it in.
+/// An opened state for Python (`kvfast._kvfast.State`): kvfast-core's [`Opened`], everything
+/// decided at open (geometry, layer map, rotation, RoPE); immutable until closed.
 pub struct PyState {
-    inner: RwLock<Option<Arc<State>>>,
-    /// Per cache, the [K, V] groups llama.cpp's rotation is undone in (0: as stored).
-    rotation: RwLock<Vec<[usize; 2]>>,
-    /// The model's geometry, set once at open (`set_geometry`) and used by every pass.
-    geometry: RwLock<Geometry>,
-    /// Per cache and layer, the RoPE every pass undoes in K rows (`set_rope`; empty: as stored).
-    rope: RwLock<RopeSpec>,
+    /// None once closed.
+    inner: RwLock<Option<Arc<Opened>>>,
     /// A remote state's `fetch(ranges) -> list of bytes` (see `remote.rs`); None: a local one.
     fetch: Option<Py<PyAny>>,
 }
@@ -43,8 +38,7 @@ pub struct PyState {
 pub(crate) struct Geometry {
     pub(crate) head_dim_k: Option<u64>,
     pub(crate) head_dim_v: Option<u64>,
-    /// Per cache (the recurrent part last), the model layer of each cache layer (None: not known):
-    /// kvfast-core's map, from the bytes at open, from the model once `set_geometry` gives one.
+    /// Per cache (the recurrent part last), the model layer of each cache layer (None: not known).
     pub(crate) model_layers: LayerMap,
 }
 
@@ -69,46 +63,63 @@ pub(crate) fn parse_kinds(kinds: Option<Vec<String>>) -> Result<Vec<Kind>> {
 }
 
 impl PyState {
-    /// The walked state, checked unchanged on disk since open (every pass starts here).
-    pub(crate) fn get(&self) -> Result<Arc<State>> {
-        let sf = self
+    /// The opened state, checked unchanged on disk since open (every pass starts here).
+    pub(crate) fn get(&self) -> Result<Arc<Opened>> {
+        let op = self
             .inner
             .read()
             .expect("lock")
             .clone()
             .ok_or(Error::Closed)?;
-        sf.check_unchanged()?;
-        Ok(sf)
+        op.check_unchanged()?;
+        Ok(op)
+    }
+
+    /// The opened state as it is, closed or not (None: closed).
+    fn opened(&self) -> Option<Arc<Opened>> {
+        self.inner.read().expect("lock").clone()
     }
 
     /// Per cache, the [K, V] rotation groups every value pass reads in.
     pub(crate) fn rotation_groups(&self) -> Vec<[usize; 2]> {
-        self.rotation.read().expect("lock").clone()
+        self.opened()
+            .map(|o| o.rotation_groups().to_vec())
+            .unwrap_or_default()
     }
 
     /// Per cache and layer, the RoPE every value pass undoes in K rows (keys before RoPE).
     pub(crate) fn rope_spec(&self) -> RopeSpec {
-        self.rope.read().expect("lock").clone()
+        self.opened().map(|o| o.rope.clone()).unwrap_or_default()
     }
 
-    /// The head sizes and model-layer map set by `set_geometry`.
+    /// The head sizes and model-layer map decided at open.
     pub(crate) fn geometry(&self) -> Geometry {
-        self.geometry.read().expect("lock").clone()
+        match self.opened() {
+            Some(o) => Geometry {
+                head_dim_k: o.head_dims[0],
+                head_dim_v: o.head_dims[1],
+                model_layers: o.model_layers.clone(),
+            },
+            None => Geometry::default(),
+        }
     }
 
-    fn wrap(sf: State) -> Self {
-        let geometry = Geometry {
-            // without a model the map cannot fail: it is what the bytes tell, or None
-            model_layers: layer_map(&sf.layout, None).unwrap_or_default(),
-            ..Geometry::default()
-        };
+    /// An opened state (`fetch`: a remote one's fetching callable).
+    pub(crate) fn wrap(op: Opened, fetch: Option<Py<PyAny>>) -> Self {
         PyState {
-            inner: RwLock::new(Some(Arc::new(sf))),
-            rotation: RwLock::new(Vec::new()),
-            geometry: RwLock::new(geometry),
-            rope: RwLock::new(Vec::new()),
-            fetch: None,
+            inner: RwLock::new(Some(Arc::new(op))),
+            fetch,
         }
+    }
+
+    /// A walked state opened with no option: values as stored, one head per row.
+    fn plain(py: Python<'_>, sf: State, fetch: Option<Py<PyAny>>) -> Result<Self> {
+        let opts = OpenOptions {
+            rotation: Mode::None,
+            ..OpenOptions::default()
+        };
+        let op = py.detach(|| Opened::new(sf, opts))?;
+        Ok(PyState::wrap(op, fetch))
     }
 
     /// Fetch the rows a pass over `sel` reads that are not fetched yet (a remote state).
@@ -204,27 +215,7 @@ impl PyState {
                 State::read(&path, opts)
             }
         })?;
-        Ok(PyState::wrap(sf))
-    }
-
-    /// Walk a remote object of `size` bytes: `fetch(ranges)` returns the bytes of each (offset,
-    /// length) range, as `bytes`; the walk fetches its metadata in a few rounds, every later pass
-    /// the rows it reads.
-    #[staticmethod]
-    #[pyo3(signature = (size, fetch, cell_ext=None, v_less=None, recurrent=None))]
-    fn remote(
-        py: Python<'_>,
-        size: u64,
-        fetch: Py<PyAny>,
-        cell_ext: Option<bool>,
-        v_less: Option<bool>,
-        recurrent: Option<(u32, u32)>,
-    ) -> Result<Self> {
-        let opts = walk_options(cell_ext, v_less, recurrent);
-        let sf = crate::remote::open(py, size, &fetch, opts)?;
-        let mut state = PyState::wrap(sf);
-        state.fetch = Some(fetch);
-        Ok(state)
+        PyState::plain(py, sf, None)
     }
 
     /// (bytes, rounds, ranges) fetched of a remote state; zeros for a local one.
@@ -265,89 +256,20 @@ impl PyState {
     ) -> Result<Self> {
         let opts = walk_options(cell_ext, v_less, recurrent);
         let sf = py.detach(|| State::from_bytes(data, opts))?;
-        Ok(PyState::wrap(sf))
+        PyState::plain(py, sf, None)
     }
 
-    /// Read keys before RoPE: per cache and layer, the rope to undo in K rows (None: as stored).
-    fn set_rope(&self, spec: Vec<Vec<Option<RopeArgs>>>) -> Result<()> {
-        let spec = rope_spec(&*self.get()?, spec)?;
-        *self.rope.write().expect("lock") = spec;
-        Ok(())
-    }
-
-    /// Read every value in the model's basis: per cache, the [K, V] groups to undo llama.cpp's
-    /// rotation in (0: as stored). Groups must be powers of two >= 64 dividing the row.
-    fn set_rotation(&self, groups: Vec<[usize; 2]>) -> Result<()> {
-        let sf = self.get()?;
-        if groups.len() > sf.layout.caches.len() {
-            return Err(Error::RotationEntries {
-                given: groups.len(),
-                caches: sf.layout.caches.len(),
-            });
-        }
-        for (ci, (g, cache)) in groups.iter().zip(&sf.layout.caches).enumerate() {
-            for (ki, &n) in g.iter().enumerate() {
-                if n == 0 {
-                    continue;
-                }
-                if n < kvfast_core::rotation::MIN_GROUP || !n.is_power_of_two() {
-                    return Err(Error::RotationGroup {
-                        group: n,
-                        cache: ci,
-                    });
-                }
-                for s in &cache.streams {
-                    for (li, l) in s.layers.iter().enumerate() {
-                        if let Some(r) = l.record(Kind::BOTH[ki]) {
-                            if r.transposed || r.n_embd % n as u64 != 0 {
-                                return Err(Error::RotationDivide {
-                                    group: n,
-                                    n: r.n_embd,
-                                    cache: ci,
-                                    layer: li,
-                                    kind: ["k", "v"][ki],
-                                });
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        *self.rotation.write().expect("lock") = groups;
-        Ok(())
-    }
-
-    /// The model's head sizes (None: rows are one head) and its layers (None: the map stays what
-    /// the bytes tell), for every later pass; kvfast-core maps the caches' layers to the model's.
-    #[pyo3(signature = (head_dim_k=None, head_dim_v=None, model=None))]
-    fn set_geometry(
-        &self,
-        head_dim_k: Option<u64>,
-        head_dim_v: Option<u64>,
-        model: Option<ModelArg>,
-    ) -> Result<()> {
-        let sf = self.get()?;
-        let model = model.map(ModelLayers::from);
-        let model_layers = layer_map(&sf.layout, model.as_ref())?;
-        *self.geometry.write().expect("lock") = Geometry {
-            head_dim_k,
-            head_dim_v,
-            model_layers,
-        };
-        Ok(())
-    }
-
-    /// The head sizes set by `set_geometry` (K, V).
+    /// The head sizes decided at open (K, V).
     #[getter]
-    fn head_dims(&self) -> (Option<u64>, Option<u64>) {
-        let g = self.geometry();
-        (g.head_dim_k, g.head_dim_v)
+    fn head_dims(&self) -> Result<(Option<u64>, Option<u64>)> {
+        let [k, v] = self.get()?.head_dims;
+        Ok((k, v))
     }
 
     /// Per cache (the recurrent part last), the model layer of each cache layer (None: not known).
     #[getter]
-    fn model_layers(&self) -> LayerMap {
-        self.geometry().model_layers
+    fn model_layers(&self) -> Result<LayerMap> {
+        Ok(self.get()?.model_layers.clone())
     }
 
     /// One row per (cache, layer, kind), every stream's bytes summed (kvfast-core's records):
@@ -356,14 +278,14 @@ impl PyState {
         let sf = self.get()?;
         Ok(finish(records_table(&records(
             &sf.layout,
-            &self.geometry().model_layers,
+            &sf.model_layers,
         ))))
     }
 
-    /// The rotation groups set by `set_rotation`.
+    /// The rotation groups decided at open.
     #[getter]
-    fn rotation(&self) -> Vec<[usize; 2]> {
-        self.rotation_groups()
+    fn rotation(&self) -> Result<Vec<[usize; 2]>> {
+        Ok(self.get()?.rotation_groups().to_vec())
     }
 
     fn close(&self) {
@@ -383,40 +305,7 @@ impl PyState {
 
     /// Container, version and the other scalars of the state.
     fn info<'py>(&self, py: Python<'py>) -> Result<Bound<'py, PyDict>> {
-        let sf = self.get()?;
-        let l = &sf.layout;
-        let d = PyDict::new(py);
-        d.set_item("size", l.size)?;
-        d.set_item("container", l.container.name())?;
-        d.set_item("version", l.version)?;
-        d.set_item("arch", l.arch.clone())?;
-        d.set_item("seq_id", l.seq_id)?;
-        d.set_item("ext_bytes", l.ext_bytes)?;
-        d.set_item("features", l.features.clone())?;
-        d.set_item("tokens", l.tokens.as_ref().map(|t| i32s(t)))?;
-        let (era, evidence) = kvfast_core::rotation::era(l);
-        d.set_item("era", era.name())?;
-        d.set_item("era_evidence", evidence)?;
-        if let Some(st) = &l.server_tokens {
-            let media = PyList::empty(py);
-            for m in &st.media {
-                media.append((m.start, m.offset, m.nbytes))?;
-            }
-            d.set_item("server_tokens_version", st.version)?;
-            d.set_item("media", media)?;
-        }
-        let (rows, outputs, meta) = l.byte_totals();
-        d.set_item("row_bytes", rows)?;
-        d.set_item("output_bytes", outputs)?;
-        d.set_item("meta_bytes", meta)?;
-        if let Some(o) = &l.outputs {
-            d.set_item("output_pos", i32s(&o.output_pos))?;
-            d.set_item("n_logits", o.n_logits)?;
-            d.set_item("logits_offset", o.logits_offset)?;
-            d.set_item("n_embeddings", o.n_embd)?;
-            d.set_item("embeddings_offset", o.embd_offset)?;
-        }
-        Ok(d)
+        info_dict(py, &self.get()?.state)
     }
 
     /// `n` f32 values starting at byte `offset` (logits, embeddings), copied.
@@ -436,59 +325,7 @@ impl PyState {
     /// Caches as lists of stream dicts (metadata arrays as little-endian i32 buffers).
     fn caches<'py>(&self, py: Python<'py>) -> Result<Bound<'py, PyList>> {
         let sf = self.get()?;
-        let map = self.geometry().model_layers;
-        let caches = PyList::empty(py);
-        for (ci, c) in sf.layout.caches.iter().enumerate() {
-            let streams = PyList::empty(py);
-            for s in &c.streams {
-                let d = PyDict::new(py);
-                d.set_item("index", s.index)?;
-                d.set_item("offset", s.offset)?;
-                d.set_item("cell_count", s.cell_count)?;
-                d.set_item("pos", i32s(&s.pos))?;
-                let starts: Vec<i32> = s.seq_start.iter().map(|x| *x as i32).collect();
-                d.set_item("seq_start", ByteView::from(starts))?;
-                d.set_item("seq_ids", i32s(&s.seq_ids))?;
-                d.set_item("ext", s.ext.as_ref().map(|e| i32s(e)))?;
-                d.set_item("ext_width", s.ext_width)?;
-                d.set_item("v_trans", s.v_trans)?;
-                let layers = PyList::empty(py);
-                // k_* and v_* keys (None: no V), or r_* and s_* in the recurrent part
-                let kinds = if c.memory.is_recurrent() {
-                    Kind::RECURRENT
-                } else {
-                    Kind::BOTH
-                };
-                for (li, l) in s.layers.iter().enumerate() {
-                    let ld = PyDict::new(py);
-                    ld.set_item(intern!(py, "index"), li)?;
-                    let ml = model_layer(&map, ci as u32, li as u32);
-                    ld.set_item(intern!(py, "model_layer"), ml)?;
-                    for kind in kinds {
-                        let r = l.record(kind);
-                        let [ty, n_embd, offset, nbytes, row_bytes] = record_keys(py, kind);
-                        ld.set_item(ty, type_name(r.map(|r| r.ty)))?;
-                        ld.set_item(n_embd, r.map(|r| r.n_embd))?;
-                        ld.set_item(offset, r.map(|r| r.data_offset))?;
-                        ld.set_item(nbytes, r.map(|r| r.data_len))?;
-                        ld.set_item(row_bytes, r.map(|r| r.row_bytes))?;
-                    }
-                    layers.append(ld)?;
-                }
-                d.set_item("layers", layers)?;
-                streams.append(d)?;
-            }
-            let cd = PyDict::new(py);
-            cd.set_item("offset", c.offset)?;
-            cd.set_item("has_n_stream", c.has_n_stream)?;
-            cd.set_item("memory", c.memory.name())?;
-            if let kvfast_core::layout::Memory::Recurrent { n_layer } = c.memory {
-                cd.set_item("n_layer", n_layer)?;
-            }
-            cd.set_item("streams", streams)?;
-            caches.append(cd)?;
-        }
-        Ok(caches)
+        caches_list(py, &sf, &sf.model_layers)
     }
 
     /// The file's regions in file order, as columns.
@@ -534,11 +371,11 @@ impl PyState {
         let rot = if stored {
             0
         } else {
-            self.rotation_groups()
+            sf.rotation_groups()
                 .get(cache)
                 .map_or(0, |g| g[kind.index()])
         };
-        let spec = if stored { vec![] } else { self.rope_spec() };
+        let spec = if stored { vec![] } else { sf.rope.clone() };
         let st = &sf.layout.caches[cache].streams[stream];
         let rope =
             rope_of(&spec, cache as u32, layer as u32, kind).map(|rope| CellRope::of(rope, st));
@@ -563,14 +400,7 @@ impl PyState {
     /// record (the recurrent part alone). Callers over many states agree them.
     fn value_plan(&self) -> Result<Option<(&'static str, Vec<usize>)>> {
         let sf = self.get()?;
-        let g = self.geometry();
-        let sel = Selection {
-            head_dim_k: g.head_dim_k,
-            head_dim_v: g.head_dim_v,
-            rotation: self.rotation_groups(),
-            rope: self.rope_spec(),
-            ..Selection::default()
-        };
+        let sel = sf.everything();
         let jobs = jobs(&sf.layout, &sel)?;
         if jobs.is_empty() {
             return Ok(None);
@@ -597,20 +427,10 @@ impl PyState {
         with_values: bool,
     ) -> Result<ArrowStream> {
         let sf = self.get()?;
-        let g = self.geometry();
         let req = TableRequest {
-            sel: Selection {
-                caches,
-                layers,
-                kinds: parse_kinds(kinds)?,
-                heads,
-                head_dim_k: g.head_dim_k,
-                head_dim_v: g.head_dim_v,
-                rotation: self.rotation_groups(),
-                rope: self.rope_spec(),
-            },
+            sel: sf.selection(caches, layers, parse_kinds(kinds)?, heads),
             dtype: parse_dtype(dtype)?,
-            model_layers: g.model_layers,
+            model_layers: sf.model_layers.clone(),
             with_values,
         };
         let seq_default = sf.layout.own_seq();
@@ -620,6 +440,103 @@ impl PyState {
         let (schema, batches) = py.detach(|| batches(&sf, &req, seq_default))?;
         Ok(ArrowStream { schema, batches })
     }
+}
+
+/// Container, version and the other scalars of the state.
+pub(crate) fn info_dict<'py>(py: Python<'py>, sf: &State) -> Result<Bound<'py, PyDict>> {
+    let l = &sf.layout;
+    let d = PyDict::new(py);
+    d.set_item("size", l.size)?;
+    d.set_item("container", l.container.name())?;
+    d.set_item("version", l.version)?;
+    d.set_item("arch", l.arch.clone())?;
+    d.set_item("seq_id", l.seq_id)?;
+    d.set_item("ext_bytes", l.ext_bytes)?;
+    d.set_item("features", l.features.clone())?;
+    d.set_item("tokens", l.tokens.as_ref().map(|t| i32s(t)))?;
+    let (era, evidence) = kvfast_core::values::rotation::era(l);
+    d.set_item("era", era.name())?;
+    d.set_item("era_evidence", evidence)?;
+    if let Some(st) = &l.server_tokens {
+        let media = PyList::empty(py);
+        for m in &st.media {
+            media.append((m.start, m.offset, m.nbytes))?;
+        }
+        d.set_item("server_tokens_version", st.version)?;
+        d.set_item("media", media)?;
+    }
+    let (rows, outputs, meta) = l.byte_totals();
+    d.set_item("row_bytes", rows)?;
+    d.set_item("output_bytes", outputs)?;
+    d.set_item("meta_bytes", meta)?;
+    if let Some(o) = &l.outputs {
+        d.set_item("output_pos", i32s(&o.output_pos))?;
+        d.set_item("n_logits", o.n_logits)?;
+        d.set_item("logits_offset", o.logits_offset)?;
+        d.set_item("n_embeddings", o.n_embd)?;
+        d.set_item("embeddings_offset", o.embd_offset)?;
+    }
+    Ok(d)
+}
+
+/// Caches as lists of stream dicts (metadata arrays as little-endian i32 buffers).
+pub(crate) fn caches_list<'py>(
+    py: Python<'py>,
+    sf: &State,
+    map: &LayerMap,
+) -> Result<Bound<'py, PyList>> {
+    let caches = PyList::empty(py);
+    for (ci, c) in sf.layout.caches.iter().enumerate() {
+        let streams = PyList::empty(py);
+        for s in &c.streams {
+            let d = PyDict::new(py);
+            d.set_item("index", s.index)?;
+            d.set_item("offset", s.offset)?;
+            d.set_item("cell_count", s.cell_count)?;
+            d.set_item("pos", i32s(&s.pos))?;
+            let starts: Vec<i32> = s.seq_start.iter().map(|x| *x as i32).collect();
+            d.set_item("seq_start", ByteView::from(starts))?;
+            d.set_item("seq_ids", i32s(&s.seq_ids))?;
+            d.set_item("ext", s.ext.as_ref().map(|e| i32s(e)))?;
+            d.set_item("ext_width", s.ext_width)?;
+            d.set_item("v_trans", s.v_trans)?;
+            let layers = PyList::empty(py);
+            // k_* and v_* keys (None: no V), or r_* and s_* in the recurrent part
+            let kinds = if c.memory.is_recurrent() {
+                Kind::RECURRENT
+            } else {
+                Kind::BOTH
+            };
+            for (li, l) in s.layers.iter().enumerate() {
+                let ld = PyDict::new(py);
+                ld.set_item(intern!(py, "index"), li)?;
+                let ml = model_layer(map, ci as u32, li as u32);
+                ld.set_item(intern!(py, "model_layer"), ml)?;
+                for kind in kinds {
+                    let r = l.record(kind);
+                    let [ty, n_embd, offset, nbytes, row_bytes] = record_keys(py, kind);
+                    ld.set_item(ty, type_name(r.map(|r| r.ty)))?;
+                    ld.set_item(n_embd, r.map(|r| r.n_embd))?;
+                    ld.set_item(offset, r.map(|r| r.data_offset))?;
+                    ld.set_item(nbytes, r.map(|r| r.data_len))?;
+                    ld.set_item(row_bytes, r.map(|r| r.row_bytes))?;
+                }
+                layers.append(ld)?;
+            }
+            d.set_item("layers", layers)?;
+            streams.append(d)?;
+        }
+        let cd = PyDict::new(py);
+        cd.set_item("offset", c.offset)?;
+        cd.set_item("has_n_stream", c.has_n_stream)?;
+        cd.set_item("memory", c.memory.name())?;
+        if let kvfast_core::format::layout::Memory::Recurrent { n_layer } = c.memory {
+            cd.set_item("n_layer", n_layer)?;
+        }
+        cd.set_item("streams", streams)?;
+        caches.append(cd)?;
+    }
+    Ok(caches)
 }
 
 /// A layer dict's keys of one kind's record: type, values per row, offset, bytes, row bytes

@@ -1,6 +1,6 @@
 //! The ggml type table, for Python (it lives in kvfast-core's `types.rs`).
 
-use kvfast_core::types::ALL_TYPES;
+use kvfast_core::format::types::ALL_TYPES;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 

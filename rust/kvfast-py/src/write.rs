@@ -3,9 +3,11 @@
 
 use std::path::PathBuf;
 
-use kvfast_core::write::{Format, StateParts};
-use kvfast_core::write_edit::{concat, Replace, Retype};
-use kvfast_core::{Container, GgmlType};
+use kvfast_core::format::cells::MAX_SEQ;
+use kvfast_core::write::edit::{concat, Replace, Retype};
+use kvfast_core::write::parts::{Format, StateParts, WRITE_VERSIONS};
+use kvfast_core::write::seq_id;
+use kvfast_core::GgmlType;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 
@@ -25,9 +27,9 @@ pub struct SourceEdits {
     /// Per cache, per stream, per cell: keep it ([] for a cache: every cell).
     keep: Option<Vec<Vec<Vec<bool>>>>,
     /// Keep this sequence alone.
-    extract: Option<i32>,
+    extract: Option<i64>,
     /// (from, to) sequence renames.
-    seq_map: Vec<(i32, i32)>,
+    seq_map: Vec<(i32, i64)>,
 }
 
 /// What is written: the container (None: the first source's, as it is), its version, and the
@@ -37,7 +39,7 @@ pub struct SourceEdits {
 pub struct Target {
     container: Option<String>,
     version: Option<u32>,
-    seq_id: Option<i32>,
+    seq_id: Option<i64>,
     arch: Option<String>,
     token_words: Option<Vec<i32>>,
     /// Tokens by position, for the token of a 12-byte cell extension made from an 8-byte one.
@@ -48,43 +50,6 @@ pub struct Target {
 
 fn bad(msg: String) -> Error {
     Error::Python(pyo3::exceptions::PyValueError::new_err(msg))
-}
-
-fn container(name: &str) -> Result<Container> {
-    Ok(match name {
-        "seq" => Container::RawSeq,
-        "ggsq" => Container::Ggsq,
-        "ggsn" => Container::Ggsn,
-        "state" => Container::RawState,
-        _ => {
-            return Err(bad(format!(
-                "container must be 'seq', 'ggsq', 'ggsn' or 'state', not {name:?}"
-            )))
-        }
-    })
-}
-
-fn format_of(t: &Target, first: Format) -> Result<Format> {
-    let Some(name) = &t.container else {
-        return Ok(first);
-    };
-    let mut f = Format::newest(container(name)?);
-    match (f.container, t.version) {
-        (_, None) => {}
-        (Container::Ggsq, Some(3)) | (Container::Ggsn, Some(10)) => {}
-        (Container::Ggsq, Some(2)) => {
-            f.version = Some(2);
-            f.ext_bytes = 8;
-        }
-        (Container::Ggsn, Some(9)) => f.version = Some(9),
-        (_, Some(v)) => {
-            return Err(bad(format!(
-            "version {v} of {name}: kvfast writes GGSQ 2 or 3 and GGSN 9 (without outputs) or 10; \
-                 raw bytes have no version"
-        )))
-        }
-    }
-    Ok(f)
 }
 
 fn ty(name: &str) -> Result<GgmlType> {
@@ -128,10 +93,15 @@ fn edit(sf: &kvfast_core::State, e: SourceEdits) -> Result<StateParts> {
         p.keep(&keep)?;
     }
     if let Some(seq) = e.extract {
-        p.extract(seq)?;
+        p.extract(seq_id(seq)?)?;
     }
     if !e.seq_map.is_empty() {
-        p.rename(&e.seq_map)?;
+        let map = e
+            .seq_map
+            .into_iter()
+            .map(|(from, to)| Ok((from, seq_id(to)?)))
+            .collect::<Result<Vec<_>>>()?;
+        p.rename(&map)?;
     }
     Ok(p)
 }
@@ -160,6 +130,13 @@ pub fn write_state(
     for (s, sf) in sources.iter().zip(&files) {
         s.ready_ranges(py, sf, &[(0, sf.layout.size)])?;
     }
+    // the container and version first: a request the writer cannot make is refused before any edit
+    let named = target
+        .container
+        .as_deref()
+        .map(|name| Format::named(name, target.version))
+        .transpose()?;
+    let seq = target.seq_id.map(seq_id).transpose()?;
     py.detach(move || {
         let mut parts = Vec::with_capacity(files.len());
         for (sf, e) in files.iter().zip(edits) {
@@ -174,9 +151,8 @@ pub fn write_state(
         if let Some(a) = target.arch.clone() {
             p.arch = Some(a);
         }
-        let format = format_of(&target, first)?;
-        p.to_format(format, target.ext_tokens.as_deref())?;
-        if let Some(q) = target.seq_id {
+        p.to_format(named.unwrap_or(first), target.ext_tokens.as_deref())?;
+        if let Some(q) = seq {
             p.seq_id = Some(q);
         }
         if let Some(words) = target.token_words {
@@ -215,4 +191,17 @@ pub fn write_state(
         std::fs::rename(&tmp, &path).map_err(io)?;
         Ok(n)
     })
+}
+
+/// The writer's rules Python reads: `MAX_SEQ` (llama.cpp's LLAMA_MAX_SEQ, sequence ids below it)
+/// and `WRITE_VERSIONS` (each container's name, and the versions written of it), and `write_state`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("MAX_SEQ", MAX_SEQ)?;
+    let versions = pyo3::types::PyDict::new(m.py());
+    for (c, vs) in WRITE_VERSIONS {
+        versions.set_item(c.name(), vs.to_vec())?;
+    }
+    m.add("WRITE_VERSIONS", versions)?;
+    m.add_function(wrap_pyfunction!(write_state, m)?)?;
+    Ok(())
 }

@@ -1,0 +1,191 @@
+"""``kvfast show``, ``kvfast addr`` and ``kvfast plot``: the cache's bytes and numbers, looked at."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import kvfast
+from kvfast.cli.args import non_negative_int, positive_int
+from kvfast.plot.scale import parse_cells
+from kvfast.read import hexview
+
+
+def geometry_options(p: argparse.ArgumentParser) -> None:
+    """--head-dim and --model, for every command that splits rows into heads."""
+    p.add_argument("--head-dim", type=positive_int, help="values per head (default: one head spans the row)")
+    p.add_argument("--model", help="a GGUF model: head sizes and the model's layer order")
+    p.add_argument(
+        "--rotation",
+        choices=["auto", "hadamard", "none"],
+        default="auto",
+        help="undo llama.cpp's Hadamard rotation of quantized caches: auto (where the evidence says it"
+        " was applied), hadamard (wherever llama.cpp's rule applies) or none (values as stored)",
+    )
+    p.add_argument(
+        "--pre-rope",
+        action="store_true",
+        help="keys before RoPE: undo llama.cpp's RoPE of each K cell from its position (needs --model)",
+    )
+
+
+def open_state(path: str, args: argparse.Namespace) -> kvfast.State:
+    """Open a state with the geometry the command line gave."""
+    return kvfast.open(
+        path,
+        head_dim=args.head_dim,
+        model=args.model,
+        rotation=args.rotation,
+        pre_rope=getattr(args, "pre_rope", False),
+    )
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    with open_state(args.path, args) as d:
+        rows = hexview.rows(d, args.layer, args.kind, cells=args.cells, head=args.head, cache=args.cache)
+    print(json.dumps(rows, indent=1) if args.json else hexview.format_rows(rows))
+    return 0
+
+
+def _cmd_addr(args: argparse.Namespace) -> int:
+    with open_state(args.path, args) as d:
+        a = hexview.address(
+            d,
+            args.layer,
+            args.cell,
+            args.head,
+            args.elem,
+            args.kind,
+            n_ctx=args.ctx,
+            n_stream=args.streams,
+            cache=args.cache,
+        )
+    if args.json:
+        print(json.dumps(a, indent=1))
+        return 0
+    print(
+        f"layer {a['layer']} {a['kind'].upper()}, cell {a['cell']} (pos {a['pos']}), head {a['head']}, elem {a['elem']}:"
+        f" {a['type']} value {a['value']:+.6g}"
+    )
+    print(f"  value index in the row: {a['index_how']}")
+    print(f"  in the file:        byte {a['file_offset']:,} = {a['file_how']}")
+    if "tensor_offset" in a:
+        print(
+            f"  in the live tensor: byte {a['tensor_offset']:,} of shape {a['tensor_shape']} = {a['tensor_how']}"
+        )
+    else:
+        print("  (give --ctx N [--streams S] for the offset in llama.cpp's live tensor)")
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from kvfast.plot import figures as plot
+
+    fig: Any
+    if args.what == "diff":
+        if len(args.paths) != 2:
+            raise ValueError("kvfast plot diff takes two states: A B")
+        with open_state(args.paths[0], args) as a, open_state(args.paths[1], args) as b:
+            fig = plot.diff(a, b, scale=args.scale)
+            fig.savefig(args.output, dpi=args.dpi)
+    else:
+        if len(args.paths) != 1:
+            raise ValueError(f"kvfast plot {args.what} takes one state")
+        with open_state(args.paths[0], args) as d:
+            if args.what == "layout":
+                fig = plot.layout(d)
+            elif args.what == "heatmap":
+                if args.layer is None:
+                    raise ValueError("kvfast plot heatmap needs --layer")
+                fig = plot.heatmap(
+                    d,
+                    args.layer,
+                    args.kind,
+                    cache=args.cache,
+                    per_head=args.per_head,
+                    scale=args.scale,
+                    clip=args.clip,
+                    cells=args.cells,
+                )
+            else:
+                fig = plot.stats(d, outlier=args.outlier, skip_first=args.skip_first)
+            fig.savefig(args.output, dpi=args.dpi)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    show = sub.add_parser(
+        "show",
+        help="rows as hex bytes next to their numbers",
+        description="A hex viewer that knows the format: each row's file offset, its bytes and the values they hold.",
+        epilog="example: kvfast show slot0.bin --layer 3 --kind k --cells 2 --head 1 --head-dim 128",
+    )
+    show.add_argument("path")
+    show.add_argument("--layer", type=non_negative_int, required=True, help="layer index within the cache")
+    show.add_argument("--kind", choices=["k", "v"], default="k")
+    show.add_argument("--cells", type=positive_int, default=3, help="how many cells (default 3)")
+    show.add_argument("--head", type=non_negative_int, help="only this head's values")
+    show.add_argument("--cache", type=non_negative_int, default=0)
+    show.add_argument("--json", action="store_true", help="print JSON")
+    geometry_options(show)
+    show.set_defaults(run=_cmd_show)
+
+    addr = sub.add_parser(
+        "addr",
+        help="where one value lives, in the file and in the live tensor",
+        description="The byte offset of one value in the state file and in llama.cpp's live cache tensor, with the"
+        " arithmetic spelled out.",
+        epilog="example: kvfast addr slot0.bin --layer 5 --cell 37 --head 3 --elem 10 --head-dim 128 --ctx 4096",
+    )
+    addr.add_argument("path")
+    addr.add_argument("--layer", type=non_negative_int, required=True)
+    addr.add_argument("--cell", type=non_negative_int, required=True)
+    addr.add_argument("--head", type=non_negative_int, default=0)
+    addr.add_argument("--elem", type=non_negative_int, default=0)
+    addr.add_argument("--kind", choices=["k", "v"], default="k")
+    addr.add_argument("--cache", type=non_negative_int, default=0)
+    addr.add_argument("--ctx", type=positive_int, help="context size of the live cache (n_ctx)")
+    addr.add_argument(
+        "--streams", type=positive_int, default=1, help="streams of the live cache (non-unified: n_seq_max)"
+    )
+    addr.add_argument("--json", action="store_true", help="print JSON")
+    geometry_options(addr)
+    addr.set_defaults(run=_cmd_addr)
+
+    plot = sub.add_parser(
+        "plot",
+        help="pictures: layout, heatmap, stats, diff (needs matplotlib: kvfast[plot])",
+        description="Draw a state: its layout to scale, |values| of a layer, per-layer statistics, or the error"
+        " of one state against another.",
+        epilog="examples: kvfast plot layout slot0.bin -o layout.png;"
+        " kvfast plot heatmap slot0.bin --layer 3 --kind k --per-head --head-dim 128 --scale log -o k.png;"
+        " kvfast plot diff f16.bin q8.bin -o diff.png",
+    )
+    plot.add_argument("what", choices=["layout", "heatmap", "stats", "diff"])
+    plot.add_argument("paths", nargs="+", help="the state (two for diff)")
+    plot.add_argument("-o", "--output", required=True, help="the PNG to write")
+    plot.add_argument("--layer", type=non_negative_int, help="heatmap: layer index within the cache")
+    plot.add_argument("--kind", choices=["k", "v"], default="k")
+    plot.add_argument("--cache", type=non_negative_int, default=0)
+    plot.add_argument("--per-head", action="store_true", help="heatmap: one panel per head")
+    plot.add_argument(
+        "--outlier", type=float, default=4.0, help="stats: outlier channel threshold (x median)"
+    )
+    plot.add_argument(
+        "--skip-first",
+        type=non_negative_int,
+        default=0,
+        help="stats: leave out positions < N (attention sinks)",
+    )
+    plot.add_argument(
+        "--scale", choices=["linear", "log"], default="linear", help="heatmap, diff: the colour scale"
+    )
+    plot.add_argument(
+        "--clip", type=float, help="heatmap: cap the colour scale at this percentile of |value| (e.g. 99.5)"
+    )
+    plot.add_argument("--cells", type=parse_cells, help="heatmap: only cells START:STOP (e.g. 0:64)")
+    plot.add_argument("--dpi", type=positive_int, default=100)
+    geometry_options(plot)
+    plot.set_defaults(run=_cmd_plot)

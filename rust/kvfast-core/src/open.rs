@@ -1,0 +1,363 @@
+//! Opening a state: everything a pass needs decided once, from the walked bytes and the options.
+//!
+//! [`Opened::new`] takes a walked [`State`] and every open option (head size or the model's
+//! geometry, rotation mode, keys before RoPE) and returns an immutable opened state: the model
+//! layer of every cache layer, the model's fit checked, the rotation decision with its evidence
+//! (a sample of rows, never a whole record), the RoPE to undo. Every later pass takes its
+//! [`Selection`] from [`Opened::selection`] instead of assembling one.
+
+use crate::format::layout::{Kind, Layout};
+use crate::model::geometry::{Geometry, ModelError};
+use crate::model::layer_map::{layer_map, LayerMap, MapError};
+use crate::plan::select::Selection;
+use crate::source::state::State;
+use crate::values::rope::{Rope, RopeSpec};
+use crate::values::rotation_decide::{
+    decide, sample_ranges, warning, BuildHint, Decision, Mode, RotationError,
+};
+
+/// The RoPE of the model's full-attention and sliding-window layers, given its K head size.
+pub type RopeOf<'a> = &'a (dyn Fn(u64) -> Result<[Rope; 2], OpenError> + Sync);
+
+/// Every open option but the source and how its bytes are walked.
+#[derive(Clone, Copy)]
+pub struct OpenOptions<'a> {
+    /// Values per head, where no model gives them (None: one head spans the row).
+    pub head_dim: Option<u64>,
+    /// The model's geometry (from its GGUF, [`crate::model::geometry::Model::read`]).
+    pub model: Option<&'a Geometry>,
+    pub rotation: Mode,
+    /// What the build that wrote the state recorded about the rotation (a probe manifest).
+    pub hint: Option<&'a BuildHint>,
+    /// Read keys before RoPE, with the model's RoPE (None: `pre_rope` was not asked for).
+    pub pre_rope: Option<Option<RopeOf<'a>>>,
+}
+
+impl Default for OpenOptions<'_> {
+    fn default() -> Self {
+        OpenOptions {
+            head_dim: None,
+            model: None,
+            rotation: Mode::Auto,
+            hint: None,
+            pre_rope: None,
+        }
+    }
+}
+
+/// Why a state cannot be opened as asked (its bytes read: those errors are [`crate::Error`]).
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The bytes (a remote state's sampled rows included).
+    #[error(transparent)]
+    Read(#[from] crate::Error),
+    /// The model's layers do not fit the caches.
+    #[error(transparent)]
+    Map(#[from] MapError),
+    /// The model's head sizes or KV heads do not fit the rows, or its metadata is not what a
+    /// model's is (`field`: the GGUF key).
+    #[error("{message}")]
+    Model {
+        message: String,
+        field: Option<String>,
+    },
+    /// A head size that does not divide the rows.
+    #[error("{0}")]
+    Selection(String),
+    #[error(transparent)]
+    Rotation(#[from] RotationError),
+    /// Keys before RoPE cannot be given (`field`: the GGUF key or argument).
+    #[error("{message}")]
+    Rope {
+        message: String,
+        field: Option<String>,
+    },
+    /// An error of the caller's own (the binding's RoPE source raising), kept as it is.
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl From<ModelError> for OpenError {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::Read(e) => OpenError::Read(e),
+            ModelError::Metadata { field, message } => OpenError::Model {
+                message,
+                field: Some(field),
+            },
+            ModelError::Rope { field, message } => OpenError::Rope {
+                message,
+                field: Some(field),
+            },
+        }
+    }
+}
+
+impl OpenError {
+    pub fn rope(message: impl Into<String>, field: Option<&str>) -> Self {
+        OpenError::Rope {
+            message: message.into(),
+            field: field.map(str::to_string),
+        }
+    }
+}
+
+/// A state with everything decided: what every pass reads it in.
+pub struct Opened {
+    pub state: State,
+    /// Values per K and V head (None: one head spans the row).
+    pub head_dims: [Option<u64>; 2],
+    /// Per cache (the recurrent part last), the model layer of each cache layer.
+    pub model_layers: LayerMap,
+    /// Per attention cache and kind, whether the rotation is undone and why.
+    pub rotation: Vec<Decision>,
+    /// Why some decision is a default taken for want of evidence (None: none is).
+    pub rotation_warning: Option<String>,
+    /// Per cache and layer, the RoPE undone in K rows (empty: keys as stored).
+    pub rope: RopeSpec,
+    /// Per cache, the [K, V] groups the rotation is undone in (0: as stored).
+    groups: Vec<[usize; 2]>,
+}
+
+impl Opened {
+    /// The byte ranges [`Opened::new`] reads besides what the walk read (a remote state fetches
+    /// them first).
+    pub fn reads(layout: &Layout, opts: &OpenOptions) -> Vec<(u64, u64)> {
+        if opts.rotation == Mode::None {
+            return vec![];
+        }
+        sample_ranges(layout)
+    }
+
+    pub fn new(state: State, opts: OpenOptions) -> Result<Opened, OpenError> {
+        let layout = &state.layout;
+        let head_dims = match opts.model {
+            Some(m) => [m.head_dim_k, m.head_dim_v].map(|h| (h > 0).then_some(h)),
+            None => [opts.head_dim; 2],
+        };
+        let model_layers = layer_map(layout, opts.model.map(Geometry::layers).as_ref())?;
+        if let Some(m) = opts.model {
+            fit(layout, m, &model_layers, opts.head_dim)?;
+        }
+        check_rows(layout, head_dims)?;
+        for (offset, len) in Self::reads(layout, &opts) {
+            state.require(offset, len, || {
+                "rows sampled for the rotation decision".into()
+            })?;
+        }
+        let rotation = decide(&state, head_dims, opts.rotation, opts.hint)?;
+        let mut groups = vec![[0usize; 2]; layout.caches.len()];
+        for d in &rotation {
+            groups[d.cache][d.kind.index()] = d.group.unwrap_or(0);
+        }
+        let rope = match opts.pre_rope {
+            None => vec![],
+            Some(rope_of) => rope_spec(layout, opts.model, head_dims[0], &model_layers, rope_of)?,
+        };
+        Ok(Opened {
+            rotation_warning: warning(&rotation),
+            state,
+            head_dims,
+            model_layers,
+            rotation,
+            rope,
+            groups,
+        })
+    }
+
+    /// Per cache, the [K, V] groups the rotation is undone in (0: as stored).
+    pub fn rotation_groups(&self) -> &[[usize; 2]] {
+        &self.groups
+    }
+
+    /// The selection of a pass over these caches, layers, kinds and heads (None: all), in the
+    /// state's head sizes, rotation and RoPE.
+    pub fn selection(
+        &self,
+        caches: Option<Vec<u32>>,
+        layers: Option<Vec<u32>>,
+        kinds: Vec<Kind>,
+        heads: Option<Vec<u32>>,
+    ) -> Selection {
+        Selection {
+            caches,
+            layers,
+            kinds,
+            heads,
+            head_dim_k: self.head_dims[0],
+            head_dim_v: self.head_dims[1],
+            rotation: self.groups.clone(),
+            rope: self.rope.clone(),
+        }
+    }
+
+    /// [`Opened::selection`] of every record, K then V.
+    pub fn everything(&self) -> Selection {
+        self.selection(None, None, Kind::BOTH.to_vec(), None)
+    }
+}
+
+/// The model's head sizes and KV heads against every attention layer's rows.
+fn fit(
+    layout: &Layout,
+    m: &Geometry,
+    map: &LayerMap,
+    head_dim: Option<u64>,
+) -> Result<(), OpenError> {
+    if let Some(hd) = head_dim {
+        if hd != m.head_dim_k {
+            return Err(OpenError::Model {
+                message: format!(
+                    "head_dim={hd} but the model's key_length is {}",
+                    m.head_dim_k
+                ),
+                field: None,
+            });
+        }
+    }
+    for (ci, cache) in layout.caches.iter().enumerate() {
+        if cache.memory.is_recurrent() {
+            continue;
+        }
+        let Some(Some(layers)) = map.get(ci) else {
+            continue;
+        };
+        for s in &cache.streams {
+            for (li, l) in s.layers.iter().enumerate() {
+                let Some(&ml) = layers.get(li) else { continue };
+                let n = m.n_head_kv.get(ml as usize).copied().unwrap_or(0);
+                for (kind, dim) in [(Kind::K, m.head_dim_k), (Kind::V, m.head_dim_v)] {
+                    let Some(r) = l.record(kind) else { continue };
+                    if r.n_embd != n * dim {
+                        let message = format!(
+                            "model layer {ml}: the model has {n} KV heads x {dim} = {} values per {} \
+                             row, the state has {}",
+                            n * dim,
+                            kind.name().to_uppercase(),
+                            r.n_embd
+                        );
+                        return Err(OpenError::Model {
+                            message,
+                            field: None,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every K row splits into whole heads of the K head size, every V row of the V one.
+fn check_rows(layout: &Layout, head_dims: [Option<u64>; 2]) -> Result<(), OpenError> {
+    for (ci, c) in layout.caches.iter().enumerate() {
+        if c.memory.is_recurrent() {
+            continue;
+        }
+        for s in &c.streams {
+            for (li, l) in s.layers.iter().enumerate() {
+                for kind in Kind::BOTH {
+                    let (Some(r), Some(hd)) = (l.record(kind), head_dims[kind.index()]) else {
+                        continue;
+                    };
+                    if hd == 0 || r.n_embd % hd != 0 {
+                        return Err(OpenError::Selection(format!(
+                            "head_dim {hd} does not divide the {} values per {} row of cache {ci} \
+                             layer {li}",
+                            r.n_embd,
+                            kind.name().to_uppercase()
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Per attention cache and layer, the RoPE of its model layer (the sliding-window one for
+/// sliding-window layers), checked against the K rows.
+fn rope_spec(
+    layout: &Layout,
+    model: Option<&Geometry>,
+    head_dim_k: Option<u64>,
+    map: &LayerMap,
+    rope_of: Option<RopeOf>,
+) -> Result<RopeSpec, OpenError> {
+    let (Some(model), Some(hd), Some(rope_of)) = (model, head_dim_k, rope_of) else {
+        return Err(OpenError::rope(
+            "pre_rope=True needs the model's GGUF (model=PATH; --model on the command line): the \
+             rope parameters and head size are in its header",
+            Some("model"),
+        ));
+    };
+    let attention: Vec<_> = layout.attention().collect();
+    let every: Vec<_> = attention
+        .iter()
+        .flat_map(|c| &c.streams)
+        .flat_map(|s| &s.layers)
+        .collect();
+    if !every.is_empty() && every.iter().all(|l| l.v.is_none()) {
+        // deepseek2's K row is the latent, then the roped part (k_pe) last: not a head roped from
+        // its first values
+        return Err(OpenError::rope(
+            "pre_rope: a V-less (MLA) cache's K row is the compressed latent, then the RoPE part; \
+             kvfast does not undo that rope yet",
+            Some("model"),
+        ));
+    }
+    let [global, swa] = rope_of(hd)?;
+    let mut spec = vec![];
+    for (ci, cache) in attention.iter().enumerate() {
+        let Some(Some(layers)) = map.get(ci) else {
+            return Err(OpenError::rope(
+                "pre_rope: the model's layer map of this state is not known",
+                Some("model"),
+            ));
+        };
+        let mut row = vec![];
+        for (li, &ml) in layers.iter().enumerate() {
+            let slides = model.swa.get(ml as usize).copied().unwrap_or(false);
+            let r = if slides { swa } else { global };
+            let n_embd = cache
+                .streams
+                .iter()
+                .find_map(|s| s.layers.get(li).map(|l| l.k.n_embd));
+            let fits = n_embd.is_some_and(|n| r.head_dim > 0 && n % r.head_dim as u64 == 0);
+            if !fits || r.n_dims % 2 != 0 || r.n_dims > r.head_dim {
+                return Err(OpenError::rope(
+                    format!(
+                        "cache {ci} layer {li}: RoPE of {} dimensions in heads of {} does not fit K \
+                         rows of {n_embd:?} values",
+                        r.n_dims, r.head_dim
+                    ),
+                    None,
+                ));
+            }
+            let finite = [r.freq_base, r.freq_scale, r.attn_factor, r.ext_factor]
+                .iter()
+                .all(|v| v.is_finite());
+            if !finite || r.freq_base <= 0.0 || r.freq_scale <= 0.0 || r.attn_factor == 0.0 {
+                return Err(OpenError::rope(
+                    format!(
+                        "cache {ci} layer {li}: RoPE base, scale and factors must be finite and \
+                         positive"
+                    ),
+                    None,
+                ));
+            }
+            row.push(Some(r));
+        }
+        spec.push(row);
+    }
+    Ok(spec)
+}
+
+/// An opened state reads as its walked state: its bytes and layout.
+impl std::ops::Deref for Opened {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}

@@ -1,0 +1,195 @@
+//! The plain results the statistics kernels fill and merge: a cell's head statistics, running
+//! moments, and the sums of a round trip's loss (no kernel here: `kernels` and `passes` both use
+//! them), and the plain per-row loops the kernels fall back on.
+
+/// Statistics of one head of one cell.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CellStat {
+    pub l2: f64,
+    pub mean: f64,
+    pub std: f64,
+    pub min: f32,
+    pub max: f32,
+    pub absmax: f32,
+    /// The channel (within the head) of the absmax; 0 when no value has it (NaNs only).
+    pub argmax: u32,
+}
+
+/// Running moments of a set of values (Chan et al.'s parallel merge).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Moments {
+    pub count: u64,
+    pub mean: f64,
+    pub m2: f64,
+    pub min: f32,
+    pub max: f32,
+    pub absmax: f32,
+}
+
+impl Default for Moments {
+    fn default() -> Self {
+        Moments {
+            count: 0,
+            mean: 0.0,
+            m2: 0.0,
+            min: f32::INFINITY,
+            max: f32::NEG_INFINITY,
+            absmax: 0.0,
+        }
+    }
+}
+
+impl Moments {
+    pub fn merge(&mut self, o: &Moments) {
+        if o.count == 0 {
+            return;
+        }
+        if self.count == 0 {
+            *self = *o;
+            return;
+        }
+        let n = (self.count + o.count) as f64;
+        let delta = o.mean - self.mean;
+        self.mean += delta * o.count as f64 / n;
+        self.m2 += o.m2 + delta * delta * self.count as f64 * o.count as f64 / n;
+        self.count += o.count;
+        self.min = self.min.min(o.min);
+        self.max = self.max.max(o.max);
+        self.absmax = self.absmax.max(o.absmax);
+    }
+
+    /// Population standard deviation (ddof = 0).
+    pub fn std(&self) -> f64 {
+        if self.count == 0 {
+            f64::NAN
+        } else {
+            (self.m2 / self.count as f64).sqrt()
+        }
+    }
+}
+
+/// Per-head sums for what a row loses through a round trip `f` (quantize, then dequantize).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LossSums {
+    pub count: u64,
+    pub se: f64,
+    pub max_abs: f64,
+    pub aa: f64,
+    pub bb: f64,
+    pub ab: f64,
+}
+
+impl LossSums {
+    pub fn merge(&mut self, o: &LossSums) {
+        self.count += o.count;
+        self.se += o.se;
+        self.max_abs = self.max_abs.max(o.max_abs);
+        self.aa += o.aa;
+        self.bb += o.bb;
+        self.ab += o.ab;
+    }
+}
+
+const LANES: usize = 8;
+
+/// Population standard deviation from float64 sums of x and x^2. The squares of f32 values are
+/// exact in f64, so the only error is the sums' rounding (~1e-14 of E[x^2]).
+#[inline(always)]
+fn std_of(sum: f64, sq: f64, n: f64) -> f64 {
+    let mean = sum / n;
+    ((sq / n - mean * mean).max(0.0)).sqrt()
+}
+
+/// Sum and sum of squares in f64, in independent lanes so that the loop vectorizes.
+#[inline(always)]
+pub fn sum_sq(x: &[f32]) -> (f64, f64) {
+    let (mut s, mut q) = ([0f64; LANES], [0f64; LANES]);
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for i in 0..LANES {
+            let v = c[i] as f64;
+            s[i] += v;
+            q[i] += v * v;
+        }
+    }
+    for &v in rest {
+        s[0] += v as f64;
+        q[0] += (v as f64) * (v as f64);
+    }
+    (s.iter().sum(), q.iter().sum())
+}
+
+/// Smallest and largest value, in lanes.
+#[inline(always)]
+pub fn min_max(x: &[f32]) -> (f32, f32) {
+    let (mut lo, mut hi) = ([f32::INFINITY; LANES], [f32::NEG_INFINITY; LANES]);
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for i in 0..LANES {
+            lo[i] = lo[i].min(c[i]);
+            hi[i] = hi[i].max(c[i]);
+        }
+    }
+    for &v in rest {
+        lo[0] = if v < lo[0] { v } else { lo[0] };
+        hi[0] = if v > hi[0] { v } else { hi[0] };
+    }
+    let lo = lo
+        .iter()
+        .fold(f32::INFINITY, |a, &b| if b < a { b } else { a });
+    let hi = hi
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+    (lo, hi)
+}
+
+/// Index of the first value whose magnitude is `target` (0 when none has it, as in a head of
+/// NaNs), scanning a lane-wide chunk at a time.
+#[inline(always)]
+fn first_abs_equal(x: &[f32], target: f32) -> usize {
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.len() * LANES;
+    for (k, c) in chunks.enumerate() {
+        let mut hit = false;
+        for v in c {
+            hit |= v.abs() == target;
+        }
+        if hit {
+            return k * LANES + c.iter().position(|v| v.abs() == target).unwrap_or(0);
+        }
+    }
+    x[tail..]
+        .iter()
+        .position(|v| v.abs() == target)
+        .map_or(0, |p| tail + p)
+}
+
+#[inline(always)]
+pub fn one_cell(x: &[f32]) -> CellStat {
+    cell_stat(x.len(), sum_sq(x), min_max(x), |absmax| {
+        first_abs_equal(x, absmax)
+    })
+}
+
+/// A cell's statistics from its sums, extremes, and a search for the channel of its absmax.
+#[inline(always)]
+fn cell_stat(
+    len: usize,
+    (sum, sq): (f64, f64),
+    (min, max): (f32, f32),
+    find: impl FnOnce(f32) -> usize,
+) -> CellStat {
+    let n = len as f64;
+    let absmax = (-min).max(max).max(0.0);
+    CellStat {
+        l2: sq.sqrt(),
+        mean: sum / n,
+        std: std_of(sum, sq, n),
+        min,
+        max,
+        absmax,
+        argmax: find(absmax) as u32,
+    }
+}
