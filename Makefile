@@ -51,6 +51,7 @@ bench: install
 	$(PY) benches/bench_export.py
 	$(PY) benches/bench_long.py
 	$(PY) benches/bench_open.py
+	$(PY) benches/bench_open_rotation.py
 	$(PY) benches/bench_rotation.py
 	$(PY) benches/bench_remote.py
 
