@@ -7,6 +7,7 @@ use kvfast_core::stats::tables::{
     aggregate, cell_stats as cell_tables, quant_error as loss_table, Pass,
 };
 use kvfast_core::values::quantize::quantize_row;
+use kvfast_core::open::Opened;
 use kvfast_core::GgmlType;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -26,19 +27,9 @@ pub struct SelectArg {
 }
 
 impl SelectArg {
-    /// kvfast-core's selection, in the state's geometry, rotation and RoPE.
-    pub(crate) fn selection(self, state: &PyState) -> Result<Selection> {
-        let g = state.geometry();
-        Ok(Selection {
-            caches: self.caches,
-            layers: self.layers,
-            kinds: parse_kinds(self.kinds)?,
-            heads: None,
-            head_dim_k: g.head_dim_k,
-            head_dim_v: g.head_dim_v,
-            rotation: state.rotation_groups(),
-            rope: state.rope_spec(),
-        })
+    /// kvfast-core's selection, in the opened state's geometry, rotation and RoPE.
+    pub(crate) fn selection(self, op: &Opened) -> Result<Selection> {
+        Ok(op.selection(self.caches, self.layers, parse_kinds(self.kinds)?, None))
     }
 }
 
@@ -51,14 +42,14 @@ pub fn cell_stats(
     skip_first: i32,
 ) -> Result<ArrowStream> {
     let sf = state.get()?;
-    let sel = sel.selection(state)?;
+    let sel = sel.selection(&sf)?;
     state.ready(py, &sf, &sel)?; // a remote state fetches the selected rows first
-    let map = state.geometry().model_layers;
+    let map = &sf.model_layers;
     py.detach(|| {
         let p = Pass {
             sf: &sf,
             sel: &sel,
-            map: &map,
+            map,
         };
         Ok(stream(cell_tables(&p, skip_first)?))
     })
@@ -73,14 +64,14 @@ pub fn aggregate_stats(
     skip_first: i32,
 ) -> Result<(ArrowStream, ArrowStream, ArrowStream)> {
     let sf = state.get()?;
-    let sel = sel.selection(state)?;
+    let sel = sel.selection(&sf)?;
     state.ready(py, &sf, &sel)?; // a remote state fetches the selected rows first
-    let map = state.geometry().model_layers;
+    let map = &sf.model_layers;
     py.detach(|| {
         let p = Pass {
             sf: &sf,
             sel: &sel,
-            map: &map,
+            map,
         };
         let [chan, head, layer] = aggregate(&p, skip_first)?;
         Ok((finish(chan), finish(head), finish(layer)))
@@ -104,15 +95,15 @@ pub fn quant_error(
     rotate: (usize, usize),
 ) -> Result<ArrowStream> {
     let sf = state.get()?;
-    let sel = sel.selection(state)?;
+    let sel = sel.selection(&sf)?;
     state.ready(py, &sf, &sel)?; // a remote state fetches the selected rows first
-    let map = state.geometry().model_layers;
+    let map = &sf.model_layers;
     let ty = parse_type(type_name)?;
     py.detach(|| {
         let p = Pass {
             sf: &sf,
             sel: &sel,
-            map: &map,
+            map,
         };
         Ok(finish(loss_table(&p, ty, skip_first, rotate)?))
     })
@@ -152,21 +143,21 @@ pub(crate) fn compare_matched(
     how: Match,
 ) -> Result<ArrowStream> {
     let (sa, sb) = (a.get()?, b.get()?);
-    let sel = sel.selection(a)?;
+    let sel = sel.selection(&sa)?;
     a.ready(py, &sa, &sel)?;
     b.ready(py, &sb, &sel)?;
-    let map = a.geometry().model_layers;
-    let (rot_b, rope_b) = (b.rotation_groups(), b.rope_spec());
+    let map = &sa.model_layers;
+    let (rot_b, rope_b) = (sb.rotation_groups(), &sb.rope);
     py.detach(|| {
         let pa = Pass {
             sf: &sa,
             sel: &sel,
-            map: &map,
+            map,
         };
         let ob = Other {
             sf: &sb,
-            rotation: &rot_b,
-            rope: &rope_b,
+            rotation: rot_b,
+            rope: rope_b,
         };
         Ok(finish(compare_table(&pa, &ob, how)?))
     })

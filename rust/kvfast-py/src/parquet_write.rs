@@ -44,14 +44,7 @@ pub fn write_parquet(
     if let Some(level) = zstd {
         check_zstd(level)?;
     }
-    let g = st.geometry();
-    let base = Selection {
-        head_dim_k: g.head_dim_k,
-        head_dim_v: g.head_dim_v,
-        rotation: st.rotation_groups(),
-        rope: st.rope_spec(),
-        ..Selection::default()
-    };
+    let base = sf.everything();
     let mut todo = Vec::with_capacity(parts.len());
     for (dest, recs, dtype) in parts {
         let mut records = Vec::with_capacity(recs.len());
@@ -89,7 +82,7 @@ pub fn write_parquet(
     }
     let shared = Shared {
         sf: &sf,
-        model_layers: g.model_layers,
+        model_layers: sf.model_layers.clone(),
         seq_default: sf.layout.own_seq(),
         dump: &dump,
         path: &path,

@@ -11,7 +11,7 @@ use kvfast_core::open::{OpenOptions, Opened};
 use kvfast_core::plan::records::{records, records_table};
 use kvfast_core::plan::select::{jobs, Selection};
 use kvfast_core::plan::table_plan::{out_type, Dtype, Out};
-use kvfast_core::values::rope::{rope_of, CellRope, RopeSpec};
+use kvfast_core::values::rope::{rope_of, CellRope};
 use kvfast_core::values::rotation_decide::Mode;
 use kvfast_core::{GgmlType, Kind, Record, State, WalkOptions};
 use pyo3::intern;
@@ -31,15 +31,6 @@ pub struct PyState {
     inner: RwLock<Option<Arc<Opened>>>,
     /// A remote state's `fetch(ranges) -> list of bytes` (see `remote.rs`); None: a local one.
     fetch: Option<Py<PyAny>>,
-}
-
-/// What the model tells and the bytes do not: head sizes and the model-layer map.
-#[derive(Clone, Default)]
-pub(crate) struct Geometry {
-    pub(crate) head_dim_k: Option<u64>,
-    pub(crate) head_dim_v: Option<u64>,
-    /// Per cache (the recurrent part last), the model layer of each cache layer (None: not known).
-    pub(crate) model_layers: LayerMap,
 }
 
 fn parse_dtype(dtype: Option<&str>) -> Result<Dtype> {
@@ -73,35 +64,6 @@ impl PyState {
             .ok_or(Error::Closed)?;
         op.check_unchanged()?;
         Ok(op)
-    }
-
-    /// The opened state as it is, closed or not (None: closed).
-    fn opened(&self) -> Option<Arc<Opened>> {
-        self.inner.read().expect("lock").clone()
-    }
-
-    /// Per cache, the [K, V] rotation groups every value pass reads in.
-    pub(crate) fn rotation_groups(&self) -> Vec<[usize; 2]> {
-        self.opened()
-            .map(|o| o.rotation_groups().to_vec())
-            .unwrap_or_default()
-    }
-
-    /// Per cache and layer, the RoPE every value pass undoes in K rows (keys before RoPE).
-    pub(crate) fn rope_spec(&self) -> RopeSpec {
-        self.opened().map(|o| o.rope.clone()).unwrap_or_default()
-    }
-
-    /// The head sizes and model-layer map decided at open.
-    pub(crate) fn geometry(&self) -> Geometry {
-        match self.opened() {
-            Some(o) => Geometry {
-                head_dim_k: o.head_dims[0],
-                head_dim_v: o.head_dims[1],
-                model_layers: o.model_layers.clone(),
-            },
-            None => Geometry::default(),
-        }
     }
 
     /// An opened state (`fetch`: a remote one's fetching callable).
