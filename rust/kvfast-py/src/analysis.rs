@@ -2,12 +2,12 @@
 //! `compare_table`) over a state's selection, computed with the GIL released, handed out as Arrow.
 
 use kvfast_core::compare::table::{compare as compare_table, Match, Other};
+use kvfast_core::open::Opened;
 use kvfast_core::plan::select::Selection;
 use kvfast_core::stats::tables::{
     aggregate, cell_stats as cell_tables, quant_error as loss_table, Pass,
 };
 use kvfast_core::values::quantize::quantize_row;
-use kvfast_core::open::Opened;
 use kvfast_core::GgmlType;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
