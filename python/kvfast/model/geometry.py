@@ -63,20 +63,10 @@ class ModelGeometry:
 
     def walk_hints(self) -> dict[str, Any]:
         """What the reader cannot tell from the bytes, as the model says it: whether the caches
-        hold V, and the recurrent part's layers ((n_layer field, layers with records))."""
-        rec = self.recurrent_layers()
-        n_trunk = self.n_layer if self.n_layer_trunk is None else self.n_layer_trunk
-        return {"v_less": self.v_less, "recurrent": None if rec is None else (n_trunk, len(rec))}
-
-    def layers(self) -> dict[str, Any]:
-        """What the model says about its layers, as kvfast-core's layer map takes it."""
-        return {
-            "arch": self.arch,
-            "n_layer": self.n_layer,
-            "attention": None if self.attention is None else list(self.attention),
-            "swa": list(self.swa),
-            "recurrent": None if self.recurrent is None else list(self.recurrent),
-        }
+        hold V, and the recurrent part's layers ((n_layer field, layers with records));
+        kvfast-core's rule."""
+        v_less, recurrent = _kvfast.walk_hints(self)
+        return {"v_less": v_less, "recurrent": recurrent}
 
     def model_layers(self, cache_layers: list[int]) -> list[list[int]]:
         """The model's layer index of every layer of each attention cache, given each cache's layer
@@ -85,4 +75,4 @@ class ModelGeometry:
         One cache holds every attention layer; iSWA states hold the full-attention layers' cache,
         then the sliding-window layers' cache (or that one alone when written with PARTIAL_ONLY).
         """
-        return _kvfast.attention_map(self.layers(), cache_layers)
+        return _kvfast.attention_map(self, cache_layers)

@@ -29,6 +29,7 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(model::gguf_metadata, m)?)?;
     m.add_function(wrap_pyfunction!(model::gguf_vocab, m)?)?;
     m.add_function(wrap_pyfunction!(model::attention_map, m)?)?;
+    m.add_function(wrap_pyfunction!(model::walk_hints, m)?)?;
     m.add_function(wrap_pyfunction!(analysis::cell_stats, m)?)?;
     m.add_function(wrap_pyfunction!(analysis::aggregate_stats, m)?)?;
     m.add_function(wrap_pyfunction!(analysis::quant_error, m)?)?;

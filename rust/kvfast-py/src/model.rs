@@ -1,11 +1,12 @@
 //! A GGUF model's metadata for Python (only the header is read).
 
+use kvfast_core::model::geometry::Geometry;
 use kvfast_core::model::gguf::{read_metadata, Value};
-use kvfast_core::model::layer_map::ModelLayers;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::errors::Result;
+use crate::open::GeometryArg;
 
 fn to_object<'py>(py: Python<'py>, v: &Value) -> Result<Option<Bound<'py, PyAny>>> {
     Ok(Some(match v {
@@ -46,31 +47,19 @@ pub fn gguf_vocab(py: Python<'_>, path: std::path::PathBuf) -> Result<Option<Vec
     Ok(py.detach(|| kvfast_core::model::gguf::read_vocab(&path))?)
 }
 
-/// What a model says about its layers, as `ModelGeometry.layers()` gives it.
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct ModelArg {
-    arch: String,
-    n_layer: usize,
-    attention: Option<Vec<bool>>,
-    swa: Vec<bool>,
-    recurrent: Option<Vec<bool>>,
-}
-
-impl From<ModelArg> for ModelLayers {
-    fn from(m: ModelArg) -> Self {
-        ModelLayers {
-            arch: m.arch,
-            n_layer: m.n_layer,
-            attention: m.attention,
-            swa: m.swa,
-            recurrent: m.recurrent,
-        }
-    }
-}
-
-/// The model layer of every layer of each attention cache, given each cache's layer count.
+/// The model layer of every layer of each attention cache, given each cache's layer count, for a
+/// `ModelGeometry` (kvfast-core's map of its layers).
 #[pyfunction]
-pub fn attention_map(model: ModelArg, cache_layers: Vec<usize>) -> Result<Vec<Vec<i32>>> {
-    Ok(ModelLayers::from(model).attention_map(&cache_layers)?)
+pub fn attention_map(model: GeometryArg, cache_layers: Vec<usize>) -> Result<Vec<Vec<i32>>> {
+    Ok(Geometry::from(model)
+        .layers()
+        .attention_map(&cache_layers)?)
+}
+
+/// What the walk cannot tell from the bytes, as a `ModelGeometry` says it: whether the caches hold
+/// V, and the recurrent part's (n_layer field, layers with records); kvfast-core's rule.
+#[pyfunction]
+pub fn walk_hints(model: GeometryArg) -> (Option<bool>, Option<(u32, u32)>) {
+    let (v_less, rec) = Geometry::from(model).walk_hints();
+    (v_less, rec.map(|r| (r.n_layer, r.layers)))
 }

@@ -7,7 +7,7 @@ use kvfast_core::model::geometry::{Geometry, Model};
 use kvfast_core::open::{OpenError, OpenOptions, Opened};
 use kvfast_core::values::rope::Rope;
 use kvfast_core::values::rotation_decide::{BuildHint, Mode};
-use kvfast_core::{State, WalkOptions};
+use kvfast_core::WalkOptions;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -15,7 +15,7 @@ use pyo3::types::{PyDict, PyList};
 use crate::errors::{Error, Result};
 use crate::model_read::geometry_dict;
 use crate::rope_args::RopeArgs;
-use crate::state::{caches_list, info_dict, PyState};
+use crate::state::{caches_list, info_dict, walk_file, PyState};
 
 /// A model's geometry as Python's `ModelGeometry` holds it (its fields, by name).
 #[derive(FromPyObject)]
@@ -125,13 +125,7 @@ pub fn open<'py>(
     };
     let sf = match (&fetch, size) {
         (Some(f), Some(size)) => crate::remote::open(py, size, f, walk)?,
-        _ => py.detach(|| {
-            if mmap {
-                State::open(&path, walk)
-            } else {
-                State::read(&path, walk)
-            }
-        })?,
+        _ => walk_file(py, &path, mmap, walk)?,
     };
     let hint = hint.map(|(rotates, evidence)| BuildHint { rotates, evidence });
     // the RoPE: given (a geometry has no header to read it from), or the GGUF's

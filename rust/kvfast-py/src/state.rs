@@ -139,6 +139,22 @@ impl PyState {
     }
 }
 
+/// Walk the state file at `path`, mapped (`mmap`) or read into memory, the GIL released.
+pub(crate) fn walk_file(
+    py: Python<'_>,
+    path: &std::path::Path,
+    mmap: bool,
+    opts: WalkOptions,
+) -> Result<State> {
+    Ok(py.detach(|| {
+        if mmap {
+            State::open(path, opts)
+        } else {
+            State::read(path, opts)
+        }
+    })?)
+}
+
 fn walk_options(
     cell_ext: Option<bool>,
     v_less: Option<bool>,
@@ -170,13 +186,7 @@ impl PyState {
         recurrent: Option<(u32, u32)>,
     ) -> Result<Self> {
         let opts = walk_options(cell_ext, v_less, recurrent);
-        let sf = py.detach(|| {
-            if mmap {
-                State::open(&path, opts)
-            } else {
-                State::read(&path, opts)
-            }
-        })?;
+        let sf = walk_file(py, &path, mmap, opts)?;
         PyState::plain(py, sf, None)
     }
 
