@@ -10,7 +10,13 @@ from kvfast.read.opened import OpenState
 
 
 def kind_of(dump: OpenState) -> str:
-    """'kv', 'recurrent', 'hybrid' or 'hybrid iswa': the llama.cpp memory the state was written by."""
+    """'kv', 'recurrent', 'hybrid' or 'hybrid iswa': the llama.cpp memory the state was written by
+    (of a partial state, the model's memory it is part of)."""
+    partial = dump.partial
+    if partial is not None:
+        if partial.absent == "attention cache":
+            return "hybrid"
+        return "kv" if dump.recurrent is None else "hybrid iswa"
     if dump.recurrent is None:
         return "kv"
     if not dump.caches:
@@ -70,8 +76,11 @@ def describe(dump: OpenState) -> dict[str, Any]:
                 for ly in rec.layers
             ],
         }
+    partial = dump.partial
     return {
         "memory": kind_of(dump),
+        "partial": None if partial is None else {"absent": partial.absent, "model_layers": partial.model_layers},
+        "rows_on_device": dump.rows_on_device,
         "v_less": _v_less(dump),
         "recurrent": recurrent,
         "layer_map": layer_map(dump),
@@ -80,6 +89,14 @@ def describe(dump: OpenState) -> dict[str, Any]:
 
 def print_info(d: dict[str, Any]) -> None:
     """The memory lines of ``kvfast info``."""
+    p = d["partial"]
+    if p is not None:
+        layers = f"model layers {p['model_layers']}" if p["model_layers"] else "no layer"
+        print(f"  partial    written with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (a context checkpoint): the")
+        print(f"             {d['memory']} model's {p['absent']} ({layers}) is absent")
+    if d["rows_on_device"]:
+        print("  rows       not in the bytes: written with LLAMA_STATE_SEQ_FLAGS_ON_DEVICE, every header and")
+        print("             cell and no row (llama.cpp kept the rows in its own buffers)")
     if d["v_less"]:
         print("  V-less     an MLA cache: K records only, one head per row (the compressed latent, then")
         print("             the RoPE part); attention computes V from the latent")

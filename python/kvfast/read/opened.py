@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from kvfast import _kvfast
     from kvfast.model.rotation import Rotation
-    from kvfast.read.structure import Cache, Recurrent
+    from kvfast.read.structure import Cache, Partial, Recurrent
 
 
 class OpenState(Protocol):
@@ -49,6 +49,10 @@ class OpenState(Protocol):
     def caches(self) -> list[Cache]: ...
     @property
     def recurrent(self) -> Recurrent | None: ...
+    @property
+    def partial(self) -> Partial | None: ...
+    @property
+    def rows_on_device(self) -> bool: ...
     @property
     def rotation(self) -> list[Rotation]: ...
     @property

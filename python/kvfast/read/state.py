@@ -23,7 +23,7 @@ from kvfast.read import remote, select
 from kvfast.read import tokens as token_text
 from kvfast.read.address import Where, file_offset, locate, record_ref, tensor_offset
 from kvfast.read.schema import INDEX
-from kvfast.read.structure import Cache, Recurrent, build_caches, build_recurrent, i32
+from kvfast.read.structure import Cache, Partial, Recurrent, build_caches, build_recurrent, i32
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -96,6 +96,8 @@ class State:
         rec_raw = next((c for c in every if c["memory"] == "recurrent"), None)
         self._caches = build_caches(raw)
         self._recurrent = None if rec_raw is None else build_recurrent([*raw, rec_raw])
+        partial = info["partial"]
+        self._partial = None if partial is None else Partial(partial[0], list(partial[1]))
         self._rotation = [Rotation(**r) for r in info["rotation"]]
         if info["rotation_warning"] is not None:
             warnings.warn(info["rotation_warning"], RotationWarning, stacklevel=3)
@@ -185,6 +187,23 @@ class State:
         """The container's version field (GGSQ 2/3, GGSN 9/10); None for raw bytes, which have none."""
         v = self._get("version")
         return None if v is None else int(v)
+
+    @property
+    def partial(self) -> Partial | None:
+        """What of its model's memory the state lacks, when it was written with
+        ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`` (a hybrid's recurrent part alone, an iSWA model's
+        sliding-window cache alone); None for the whole memory, and without ``model=`` (the bytes
+        do not say which memory they are part of)."""
+        self._live()
+        return self._partial
+
+    @property
+    def rows_on_device(self) -> bool:
+        """Whether the state was written with ``LLAMA_STATE_SEQ_FLAGS_ON_DEVICE``: every header and
+        cell, and no row (llama.cpp kept the rows in its own buffers, for
+        ``llama_state_seq_set_data_ext`` with the flag in the same context). Positions, sequences,
+        types and widths read as usual; asking for values raises :class:`kvfast.SelectionError`."""
+        return bool(self._get("rows_on_device"))
 
     @property
     def features(self) -> list[str]:

@@ -113,6 +113,19 @@ class Cache:
 
 
 @dataclass(frozen=True)
+class Partial:
+    """What a state written with ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`` lacks of its model's memory
+    (llama-server's context checkpoints of hybrid and sliding-window models): ``absent`` is the
+    cache it does not hold, ``"attention cache"`` (a hybrid's: the state is its recurrent part) or
+    ``"full-attention cache"`` (an iSWA model's: the state is its sliding-window cache, then a
+    hybrid iSWA model's recurrent part); ``model_layers`` are the model layers that cache holds
+    (none of them has a record in the state). Only the model tells: see :attr:`kvfast.State.partial`."""
+
+    absent: str
+    model_layers: list[int]
+
+
+@dataclass(frozen=True)
 class RecurrentLayer:
     """One layer's records in the recurrent part: R (the conv / token-shift state) and S (the SSM /
     WKV / delta-net state), each one row per cell of ``n_embd_r`` / ``n_embd_s`` values (0 for a

@@ -218,6 +218,24 @@ def write(
     for new_id in [*ids, *(seq_map or {}).values()]:
         if not isinstance(new_id, (int, np.integer)):
             raise WriteError("seq_id", f"sequence ids are integers, not {new_id!r}")
+    edited = (keep, cache_type_k, cache_type_v, v_trans, values or None, seq_id, seq_map or None, tokens, arch, version)
+    for d in sources:
+        if d.rows_on_device and (
+            len(sources) > 1 or target != d.container or share or any(e is not None for e in edited)
+        ):
+            raise WriteError(
+                "source",
+                f"{d.path} was written with LLAMA_STATE_SEQ_FLAGS_ON_DEVICE: its rows are in llama.cpp's "
+                "own buffers, keyed by its sequence and the size of every row run, not in the bytes; "
+                "it can only be written as it is (llama.cpp aborts on any other)",
+            )
+        if d.partial is not None and target != "seq":
+            raise WriteError(
+                "container",
+                f"{d.path} is a partial state (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the {d.partial.absent} is "
+                "absent), which llama.cpp loads only through llama_state_seq_set_data_ext with the flag: "
+                f"container 'seq', not {target!r}",
+            )
     edits = []
     token_words: list[int] | None = None
     joined: list[int] = []

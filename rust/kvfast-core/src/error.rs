@@ -62,6 +62,14 @@ pub enum Error {
         offset: u64,
         len: u64,
     },
+    /// Rows asked of a state whose bytes hold none: written with
+    /// `LLAMA_STATE_SEQ_FLAGS_ON_DEVICE`, llama.cpp kept them in its own buffers.
+    #[error(
+        "{field} at byte {offset}: not in the bytes: the state was written with \
+         LLAMA_STATE_SEQ_FLAGS_ON_DEVICE, which keeps the rows in llama.cpp's own buffers and \
+         writes only the headers and cells"
+    )]
+    NoRows { field: String, offset: u64 },
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -88,7 +96,8 @@ impl Error {
             | Error::Format { offset, .. }
             | Error::UnsupportedVersion { offset, .. }
             | Error::Ambiguous { offset, .. }
-            | Error::NotFetched { offset, .. } => Some(*offset),
+            | Error::NotFetched { offset, .. }
+            | Error::NoRows { offset, .. } => Some(*offset),
             Error::Io(_) | Error::File { .. } | Error::NotAFile { .. } | Error::Changed { .. } => {
                 None
             }
@@ -101,7 +110,8 @@ impl Error {
             Error::Truncated { field, .. }
             | Error::Format { field, .. }
             | Error::Ambiguous { field, .. }
-            | Error::NotFetched { field, .. } => Some(field),
+            | Error::NotFetched { field, .. }
+            | Error::NoRows { field, .. } => Some(field),
             Error::UnsupportedVersion { .. } => Some("version"),
             Error::Io(_) | Error::File { .. } | Error::NotAFile { .. } | Error::Changed { .. } => {
                 None
@@ -120,6 +130,7 @@ impl Error {
             Error::NotAFile { .. } => "not_a_file",
             Error::Changed { .. } => "changed",
             Error::NotFetched { .. } => "not_fetched",
+            Error::NoRows { .. } => "no_rows",
         }
     }
 

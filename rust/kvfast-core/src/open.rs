@@ -8,7 +8,7 @@
 
 use crate::format::layout::{Kind, Layout};
 use crate::model::geometry::{Geometry, ModelError};
-use crate::model::layer_map::{layer_map, LayerMap, MapError};
+use crate::model::layer_map::{fit as fit_layers, LayerMap, MapError, Partial};
 use crate::plan::select::Selection;
 use crate::source::state::State;
 use crate::values::rope::{Rope, RopeSpec};
@@ -109,6 +109,11 @@ pub struct Opened {
     pub head_dims: [Option<u64>; 2],
     /// Per cache (the recurrent part last), the model layer of each cache layer.
     pub model_layers: LayerMap,
+    /// What of the model's memory the state lacks: Some for a state written with
+    /// `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY` (a hybrid's recurrent part, an iSWA model's
+    /// sliding-window cache); None for the whole memory, or without the model (the bytes do not
+    /// say).
+    pub partial: Option<Partial>,
     /// Per attention cache and kind, whether the rotation is undone and why.
     pub rotation: Vec<Decision>,
     /// Why some decision is a default taken for want of evidence (None: none is).
@@ -123,7 +128,7 @@ impl Opened {
     /// The byte ranges [`Opened::new`] reads besides what the walk read (a remote state fetches
     /// them first).
     pub fn reads(layout: &Layout, opts: &OpenOptions) -> Vec<(u64, u64)> {
-        if opts.rotation == Mode::None {
+        if opts.rotation == Mode::None || layout.rows_on_device {
             return vec![];
         }
         sample_ranges(layout)
@@ -135,7 +140,8 @@ impl Opened {
             Some(m) => [m.head_dim_k, m.head_dim_v].map(|h| (h > 0).then_some(h)),
             None => [opts.head_dim; 2],
         };
-        let model_layers = layer_map(layout, opts.model.map(Geometry::layers).as_ref())?;
+        let fitted = fit_layers(layout, opts.model.map(Geometry::layers).as_ref())?;
+        let (model_layers, partial) = (fitted.map, fitted.partial);
         if let Some(m) = opts.model {
             fit(layout, m, &model_layers, opts.head_dim)?;
         }
@@ -145,7 +151,12 @@ impl Opened {
                 "rows sampled for the rotation decision".into()
             })?;
         }
-        let rotation = decide(&state, head_dims, opts.rotation, opts.hint)?;
+        // rows kept on the device: no value to read, nothing to decide
+        let rotation = if layout.rows_on_device {
+            vec![]
+        } else {
+            decide(&state, head_dims, opts.rotation, opts.hint)?
+        };
         let mut groups = vec![[0usize; 2]; layout.caches.len()];
         for d in &rotation {
             groups[d.cache][d.kind.index()] = d.group.unwrap_or(0);
@@ -159,6 +170,7 @@ impl Opened {
             state,
             head_dims,
             model_layers,
+            partial,
             rotation,
             rope,
             groups,

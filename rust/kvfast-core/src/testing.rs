@@ -77,5 +77,6 @@ pub fn layout(caches: Vec<Vec<Stream>>) -> Layout {
                 streams,
             })
             .collect(),
+        rows_on_device: false,
     }
 }

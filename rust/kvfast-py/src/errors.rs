@@ -263,6 +263,10 @@ fn core_to_py(e: kvfast_core::Error) -> PyErr {
         Error::Ambiguous { .. } => AmbiguousError::new_err(msg),
         Error::UnsupportedVersion { .. } => UnsupportedVersionError::new_err(msg),
         Error::NotFetched { .. } => NotFetchedError::new_err(msg),
+        // values asked of a state that holds none: what was asked is not in this state
+        Error::NoRows { field, .. } => {
+            return kvfast_error("SelectionError", msg, Some(field.clone()))
+        }
     };
     Python::attach(|py| {
         let v = err.value(py);

@@ -88,7 +88,8 @@ fn parse_mode(mode: &str) -> Result<Mode> {
 /// `model` a `ModelGeometry` or a GGUF's path (read here, once); `hint` (rotates, evidence) from a
 /// probe manifest; `pre_rope` asks for keys before RoPE, whose parameters are the GGUF's, or
 /// `rope(head_dim_k)`'s where given. Returns the state and a dict of what Python shows of it: the
-/// info scalars, `caches`, `model_layers`, `head_dims`, `rotation` (a dict per decision),
+/// info scalars, `caches`, `model_layers`, `partial` ((absent cache, its model layers) of a
+/// PARTIAL_ONLY state, or None), `head_dims`, `rotation` (a dict per decision),
 /// `rotation_warning`, and `model` (the geometry read from a GGUF; None otherwise).
 #[pyfunction]
 #[pyo3(signature = (
@@ -160,6 +161,12 @@ pub fn open<'py>(
     let d = info_dict(py, &op)?;
     d.set_item("caches", caches_list(py, &op, &op.model_layers)?)?;
     d.set_item("model_layers", op.model_layers.clone())?;
+    // what of the model's memory a partial state (PARTIAL_ONLY) lacks: (cache, model layers)
+    let partial = op
+        .partial
+        .as_ref()
+        .map(|p| (p.absent, p.model_layers.clone()));
+    d.set_item("partial", partial)?;
     d.set_item("head_dims", (op.head_dims[0], op.head_dims[1]))?;
     let decisions = PyList::empty(py);
     for r in &op.rotation {

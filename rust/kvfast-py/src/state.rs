@@ -425,6 +425,7 @@ pub(crate) fn info_dict<'py>(py: Python<'py>, sf: &State) -> Result<Bound<'py, P
     d.set_item("seq_id", l.seq_id)?;
     d.set_item("ext_bytes", l.ext_bytes)?;
     d.set_item("features", l.features.clone())?;
+    d.set_item("rows_on_device", l.rows_on_device)?;
     d.set_item("tokens", l.tokens.as_ref().map(|t| i32s(t)))?;
     let (era, evidence) = kvfast_core::values::rotation::era(l);
     d.set_item("era", era.name())?;

@@ -21,6 +21,11 @@ pub struct Reading {
     pub v_less: bool,
     /// The memory ends with a recurrent part (a recurrent or hybrid model).
     pub recurrent: bool,
+    /// Every header and cell, and no row: `llama_state_seq_get_data_ext` with
+    /// `LLAMA_STATE_SEQ_FLAGS_ON_DEVICE` keeps the rows in llama.cpp's own buffers
+    /// (`llama_io_write_device::write_tensor` writes nothing) for a later `set_data_ext` with the
+    /// flag in the same context.
+    pub device: bool,
 }
 
 impl Reading {
@@ -31,6 +36,7 @@ impl Reading {
             ext_bytes,
             v_less: false,
             recurrent: false,
+            device: false,
         }
     }
 
@@ -52,6 +58,9 @@ impl Reading {
         }
         if self.recurrent {
             out.push_str(", then a recurrent part");
+        }
+        if self.device {
+            out.push_str(", rows on the device (ON_DEVICE: no row in the bytes)");
         }
         out
     }
@@ -83,7 +92,7 @@ pub fn parse_memory(
     let mut pos = start;
     loop {
         if recurrent {
-            match parse_recurrent(&mut Cursor::at(buf, pos), hint) {
+            match parse_recurrent(&mut Cursor::at(buf, pos), hint, reading.device) {
                 Ok(r) => {
                     let mut all = caches.clone();
                     all.push(r);
@@ -222,10 +231,12 @@ fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result
             available: cur.remaining() as u64,
         });
     }
+    // the cells whose rows the bytes hold (none when they stayed on the device)
+    let rows_of = if reading.device { 0 } else { cell_count };
     let mut ks = Vec::with_capacity(n_layer as usize);
     let mut stride = None;
     for l in 0..n_layer {
-        let k = row_record(cur, &format!("{at} layer {l} k"), cell_count, Kind::K)?;
+        let k = row_record(cur, &format!("{at} layer {l} k"), rows_of, Kind::K)?;
         // the following K headers (and the first V one) of records of this size
         predict(cur, &k, &mut stride, n_layer - l);
         ks.push(k);
@@ -242,9 +253,9 @@ fn parse_stream(cur: &mut Cursor, reading: Reading, ci: usize, s: u32) -> Result
         }
         let field = format!("{at} layer {l} v");
         let v = if stream.v_trans {
-            trans_record(cur, &field, cell_count)?
+            trans_record(cur, &field, rows_of)?
         } else {
-            row_record(cur, &field, cell_count, Kind::V)?
+            row_record(cur, &field, rows_of, Kind::V)?
         };
         predict(cur, &v, &mut stride, n_layer - l);
         vs.push(Some(v));

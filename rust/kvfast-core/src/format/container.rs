@@ -456,6 +456,21 @@ fn signature(caches: &[Cache]) -> Vec<Vec<u64>> {
         .collect()
 }
 
+/// The readings of the bytes `llama_state_seq_get_data_ext` writes with
+/// `LLAMA_STATE_SEQ_FLAGS_ON_DEVICE`: the raw sequence container (the only one the flags reach),
+/// every header and cell, no row. Tried only when no reading with rows holds (a state with no
+/// cell is the same bytes either way).
+fn device_readings(candidates: &[(Prefix, Vec<Reading>)]) -> Vec<(Prefix, Vec<Reading>)> {
+    candidates
+        .iter()
+        .filter(|(p, _)| p.container == Container::RawSeq && p.seq_id.is_some())
+        .map(|(p, rs)| {
+            let rs = rs.iter().map(|r| Reading { device: true, ..*r });
+            (p.clone(), rs.collect())
+        })
+        .collect()
+}
+
 /// Try every candidate reading; exactly one must consume the bytes.
 fn choose(
     buf: Bytes,
@@ -465,6 +480,16 @@ fn choose(
 ) -> Result<Layout> {
     let v_less = opts.v_less == Some(true);
     let mut t = attempt(buf, &candidates, opts, v_less);
+    let device = device_readings(&candidates);
+    let mut candidates = candidates;
+    if t.ok.is_empty() && !device.is_empty() {
+        let d = attempt(buf, &device, opts, v_less);
+        if !d.ok.is_empty() {
+            t.ok = d.ok;
+        }
+        // the V-less test below reads the device readings too
+        candidates.extend(device);
+    }
     if t.ok.is_empty() && opts.v_less.is_none() {
         // The bytes may hold K records only: a V-less (MLA) cache, or a cache cut before its V
         // records. Only the model tells them apart.
@@ -540,6 +565,9 @@ fn choose(
             if r.recurrent {
                 features.push("recurrent part");
             }
+            if r.device {
+                features.push("rows on device");
+            }
             Ok(Layout {
                 size: buf.len() as u64,
                 container: p.container,
@@ -553,6 +581,7 @@ fn choose(
                 features,
                 prefix: p.regions,
                 caches,
+                rows_on_device: r.device,
             })
         }
         _ => Err(Error::Ambiguous {

@@ -265,6 +265,9 @@ pub struct Layout {
     pub prefix: Vec<Region>,
     /// The attention caches in file order, then the recurrent part, if any.
     pub caches: Vec<Cache>,
+    /// Written with `LLAMA_STATE_SEQ_FLAGS_ON_DEVICE`: every header and cell, no row (llama.cpp
+    /// kept the rows in its own buffers); every record's `data_len` is 0.
+    pub rows_on_device: bool,
 }
 
 impl Layout {

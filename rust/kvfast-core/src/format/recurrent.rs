@@ -26,8 +26,13 @@ pub struct RecurrentHint {
     pub layers: u32,
 }
 
-/// Parse the recurrent part from the cursor to the end of the bytes.
-pub fn parse_recurrent(cur: &mut Cursor, hint: Option<RecurrentHint>) -> Result<Cache> {
+/// Parse the recurrent part from the cursor to the end of the bytes; `device`: its records hold
+/// no row (written with `LLAMA_STATE_SEQ_FLAGS_ON_DEVICE`).
+pub fn parse_recurrent(
+    cur: &mut Cursor,
+    hint: Option<RecurrentHint>,
+    device: bool,
+) -> Result<Cache> {
     let offset = cur.pos();
     // llama.cpp keeps max(1, n_seq_max) recurrent cells (create_memory): at most LLAMA_MAX_SEQ
     let cell_count = cur.u32_in(&format!("{AT} cell_count"), 0, MAX_SEQ)?;
@@ -47,6 +52,7 @@ pub fn parse_recurrent(cur: &mut Cursor, hint: Option<RecurrentHint>) -> Result<
             ));
         }
     }
+    let rows_of = if device { 0 } else { cell_count };
     let mut records = Vec::new();
     let mut stride = None;
     match hint {
@@ -57,7 +63,7 @@ pub fn parse_recurrent(cur: &mut Cursor, hint: Option<RecurrentHint>) -> Result<
                 } else {
                     format!("{AT} s {}", i - h.layers)
                 };
-                let r = record(cur, &field, cell_count)?;
+                let r = record(cur, &field, rows_of)?;
                 crate::format::cursor::predict(cur, &r, &mut stride, 2 * h.layers - i);
                 records.push(r);
             }
@@ -84,7 +90,7 @@ pub fn parse_recurrent(cur: &mut Cursor, hint: Option<RecurrentHint>) -> Result<
                     ));
                 }
                 let field = format!("{AT} record {}", records.len());
-                let r = record(cur, &field, cell_count)?;
+                let r = record(cur, &field, rows_of)?;
                 let left = 2 * n_layer - records.len() as u32;
                 crate::format::cursor::predict(cur, &r, &mut stride, left);
                 records.push(r);

@@ -78,33 +78,105 @@ impl ModelLayers {
 
     /// The model layer of every layer of each attention cache, given each cache's layer count.
     pub fn attention_map(&self, cache_layers: &[usize]) -> Result<Vec<Vec<i32>>, MapError> {
+        let held: Vec<Option<usize>> = cache_layers.iter().map(|&n| Some(n)).collect();
+        let hybrid = self.recurrent_layers().is_some_and(|r| !r.is_empty());
+        Ok(self.attention_fit(&held, hybrid, false)?.0)
+    }
+
+    /// The model layer of every layer of each attention cache, and what of the model's attention
+    /// caches the state lacks (None: nothing), given each cache's layer count (None: a cache with
+    /// no cell, which writes no layer count), whether the state ends with a recurrent part, and
+    /// whether its caches are of the builds before mid-2025 (no n_stream field).
+    ///
+    /// The state says what it holds, the model which layers those are. llama.cpp writes, for a
+    /// model whose layers all attend globally, one cache of every attention layer; for a model
+    /// with sliding-window layers (an iSWA cache), the full-attention layers' cache, then the
+    /// sliding-window layers' one (builds before mid-2025: one cache of every layer). With
+    /// `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY` it writes only what cannot be recomputed cheaply: an
+    /// iSWA model's sliding-window cache alone, a hybrid's recurrent part alone (no attention
+    /// cache; a hybrid iSWA model keeps its sliding-window cache); a plain cache ignores the flag.
+    /// The first of these readings whose cache count and layer counts fit is the state's.
+    pub fn attention_fit(
+        &self,
+        held: &[Option<usize>],
+        hybrid: bool,
+        legacy: bool,
+    ) -> Result<(Vec<Vec<i32>>, Option<Partial>), MapError> {
         let layers = self.attention_layers();
         let (window, full): (Vec<i32>, Vec<i32>) =
             layers.iter().copied().partition(|&il| self.is_swa(il));
         let fits = |want: &[&Vec<i32>]| {
-            cache_layers.len() == want.len()
-                && cache_layers.iter().zip(want).all(|(n, w)| *n == w.len())
+            held.len() == want.len()
+                && held
+                    .iter()
+                    .zip(want)
+                    .all(|(n, w)| n.is_none_or(|n| n == w.len()))
         };
-        if fits(&[&layers]) {
-            return Ok(vec![layers]);
+        let whole = |m: &[&Vec<i32>]| (m.iter().map(|v| (*v).clone()).collect(), None);
+        let partial = |m: &[&Vec<i32>], absent: &'static str, gone: &Vec<i32>| {
+            let p = Partial {
+                absent,
+                model_layers: gone.clone(),
+            };
+            (m.iter().map(|v| (*v).clone()).collect(), Some(p))
+        };
+        type Reading<'a> = (Vec<&'a Vec<i32>>, Option<(&'static str, &'a Vec<i32>)>);
+        let mut readings: Vec<Reading> = Vec::new();
+        if window.is_empty() {
+            readings.push((vec![&layers], None));
+            if hybrid && !layers.is_empty() {
+                readings.push((vec![], Some(("attention cache", &layers))));
+            }
+        } else {
+            let one = (vec![&layers], None);
+            if legacy {
+                readings.push(one.clone());
+            }
+            readings.push((vec![&full, &window], None));
+            readings.push((vec![&window], Some(("full-attention cache", &full))));
+            if !legacy {
+                readings.push(one);
+            }
         }
-        if !window.is_empty() && fits(&[&full, &window]) {
-            return Ok(vec![full, window]);
+        if layers.is_empty() {
+            readings.push((vec![], None));
         }
-        if !window.is_empty() && fits(&[&window]) {
-            return Ok(vec![window]);
-        }
-        if layers.is_empty() && cache_layers.is_empty() {
-            return Ok(vec![]);
+        for (want, gone) in &readings {
+            if fits(want) {
+                return Ok(match gone {
+                    None => whole(want),
+                    Some((absent, g)) => partial(want, absent, g),
+                });
+            }
         }
         Err(MapError::Attention {
             arch: self.arch.clone(),
             attention: layers.len(),
             window: window.len(),
             n_layer: self.n_layer,
-            caches: cache_layers.to_vec(),
+            caches: held.iter().map(|n| n.unwrap_or(0)).collect(),
         })
     }
+}
+
+/// What a state written with `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY` lacks of its model's memory
+/// (llama-server's context checkpoints of hybrid and sliding-window models).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partial {
+    /// The cache the state lacks: "attention cache" (a hybrid's: the state is its recurrent part,
+    /// or a hybrid iSWA model's sliding-window cache then recurrent part) or "full-attention
+    /// cache" (an iSWA model's: the state is its sliding-window cache).
+    pub absent: &'static str,
+    /// The model layers whose K and V that cache holds (none of them has a record in the state).
+    pub model_layers: Vec<i32>,
+}
+
+/// A state's layer map, and what of its model's memory it lacks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fit {
+    pub map: LayerMap,
+    /// Some: a partial state (PARTIAL_ONLY); None: the whole memory, or not known (no model).
+    pub partial: Option<Partial>,
 }
 
 /// A cache's layer count: its longest stream's.
@@ -117,13 +189,28 @@ pub fn cache_layers(cache: &Cache) -> usize {
         .unwrap_or(0)
 }
 
+/// A cache's layer count as the bytes give it: None for a cache with no cell in any stream (it
+/// writes its cell counts and nothing else: no layer count), else its longest stream's.
+pub fn held_layers(cache: &Cache) -> Option<usize> {
+    (cache.cells() > 0).then(|| cache_layers(cache))
+}
+
 /// The layer map of a walked state: the model's where given (checked against the caches), else
 /// what the bytes alone tell: one attention cache and nothing else holds every layer; a recurrent
 /// part with records for each of the layers it counts holds every layer (a recurrent model), and
 /// then one attention cache of as many layers does too (Falcon-H1). A hybrid's attention caches
 /// are the model's to map.
 pub fn layer_map(layout: &Layout, model: Option<&ModelLayers>) -> Result<LayerMap, MapError> {
+    Ok(fit(layout, model)?.map)
+}
+
+/// [`layer_map`], and (with the model) what of the model's memory the state lacks: see
+/// [`ModelLayers::attention_fit`]. A cache with no cell fits any layer count (an empty sequence
+/// writes no layer count), so an empty sequence's state maps as its model's.
+pub fn fit(layout: &Layout, model: Option<&ModelLayers>) -> Result<Fit, MapError> {
     let attention: Vec<usize> = layout.attention().map(cache_layers).collect();
+    let held: Vec<Option<usize>> = layout.attention().map(held_layers).collect();
+    let legacy = layout.attention().any(|c| !c.has_n_stream);
     let recurrent = layout.recurrent().map(|(_, c)| {
         let n_field = match c.memory {
             Memory::Recurrent { n_layer } => n_layer as usize,
@@ -131,9 +218,11 @@ pub fn layer_map(layout: &Layout, model: Option<&ModelLayers>) -> Result<LayerMa
         };
         (n_field, cache_layers(c))
     });
+    let mut partial = None;
     let (att, rec): (Vec<Option<Vec<i32>>>, Option<Vec<i32>>) = match model {
         Some(m) => {
-            let att = m.attention_map(&attention)?;
+            let (att, p) = m.attention_fit(&held, recurrent.is_some(), legacy)?;
+            partial = p;
             let rec_layers = m.recurrent_layers();
             if let (Some((_, have)), Some(r)) = (recurrent, &rec_layers) {
                 if r.len() != have {
@@ -165,7 +254,7 @@ pub fn layer_map(layout: &Layout, model: Option<&ModelLayers>) -> Result<LayerMa
     if recurrent.is_some() {
         map.push(rec);
     }
-    Ok(map)
+    Ok(Fit { map, partial })
 }
 
 /// The model layer of `layer` of cache `cache` in `map` (None: not known).
@@ -237,6 +326,67 @@ mod tests {
         assert!(m.attention_map(&[]).unwrap_err().to_string().contains("[]"));
         let none = model(3, &[], Some(&[]));
         assert_eq!(none.attention_map(&[]).unwrap(), Vec::<Vec<i32>>::new());
+    }
+
+    /// A hybrid: the layers not in `attention` are recurrent.
+    fn model_rec(n_layer: usize, swa: &[usize], attention: &[usize]) -> ModelLayers {
+        ModelLayers {
+            recurrent: Some((0..n_layer).map(|i| !attention.contains(&i)).collect()),
+            ..model(n_layer, swa, Some(attention))
+        }
+    }
+
+    #[test]
+    fn partial_states_lack_a_cache_the_model_has() {
+        // a hybrid (LFM2): attention at 2 and 4; PARTIAL_ONLY writes the recurrent part alone
+        let m = model_rec(5, &[], &[2, 4]);
+        let (map, p) = m.attention_fit(&[], true, false).unwrap();
+        assert!(map.is_empty());
+        let p = p.unwrap();
+        assert_eq!((p.absent, p.model_layers), ("attention cache", vec![2, 4]));
+        // the whole memory: nothing absent; without the recurrent part, no cache is an error
+        assert_eq!(m.attention_fit(&[Some(2)], true, false).unwrap().1, None);
+        assert!(m.attention_fit(&[], false, false).is_err());
+        // an iSWA model (Gemma 3: layers 0 and 2 slide): the sliding-window cache alone
+        let g = model(4, &[0, 2], None);
+        let (map, p) = g.attention_fit(&[Some(2)], false, false).unwrap();
+        assert_eq!(map, vec![vec![0, 2]]);
+        assert_eq!(p.unwrap().model_layers, vec![1, 3]);
+        // before mid-2025 one cache held every layer of an iSWA model
+        let (map, p) = g.attention_fit(&[None], false, true).unwrap();
+        assert_eq!((map, p), (vec![vec![0, 1, 2, 3]], None));
+        // a hybrid iSWA model (LFM2 with a window): the full-attention cache (no layer) is absent
+        let s = model_rec(5, &[2, 4], &[2, 4]);
+        let (map, p) = s.attention_fit(&[Some(0), Some(2)], true, false).unwrap();
+        assert_eq!((map, p), (vec![vec![], vec![2, 4]], None));
+        let (map, p) = s.attention_fit(&[Some(2)], true, false).unwrap();
+        assert_eq!(map, vec![vec![2, 4]]);
+        assert_eq!(p.unwrap().absent, "full-attention cache");
+    }
+
+    #[test]
+    fn a_cache_with_no_cell_fits_any_layer_count() {
+        // an empty sequence writes its caches' cell counts (0) and no layer count
+        let m = model_rec(5, &[], &[2, 4]);
+        let (map, p) = m.attention_fit(&[None], true, false).unwrap();
+        assert_eq!((map, p), (vec![vec![2, 4]], None));
+        let g = model(4, &[0, 2], None);
+        assert_eq!(
+            g.attention_fit(&[None, None], false, false).unwrap().0,
+            vec![vec![1, 3], vec![0, 2]]
+        );
+        // one empty cache of an iSWA model: its sliding-window cache (PARTIAL_ONLY)
+        let (map, p) = g.attention_fit(&[None], false, false).unwrap();
+        assert_eq!(map, vec![vec![0, 2]]);
+        assert!(p.is_some());
+        // the count of caches still has to fit
+        assert!(g.attention_fit(&[None, None, None], false, false).is_err());
+        let plain = model(2, &[], None);
+        assert!(plain.attention_fit(&[None, None], false, false).is_err());
+        assert_eq!(
+            plain.attention_fit(&[None], false, false).unwrap(),
+            (vec![vec![0, 1]], None)
+        );
     }
 
     #[test]

@@ -239,6 +239,12 @@ impl State {
 
     /// [`State::require`] for a record's rows.
     pub fn require_record(&self, rec: &Record) -> Result<()> {
+        if self.layout.rows_on_device && rec.row_bytes > 0 {
+            return Err(Error::NoRows {
+                field: format!("{} rows", rec.kind.name()),
+                offset: rec.data_offset,
+            });
+        }
         self.require(rec.data_offset, rec.data_len, || {
             format!("{} rows at byte {}", rec.kind.name(), rec.data_offset)
         })

@@ -423,6 +423,20 @@ impl StateParts {
     /// cells (from a whole state: call `extract` first) one; cell extensions take the format's
     /// width (a 12-byte extension's token from `tokens` by position, else LLAMA_TOKEN_NULL).
     pub fn to_format(&mut self, format: Format, tokens: Option<&[i32]>) -> Result<()> {
+        if self.format.device {
+            // the rows are in llama.cpp's buffers: only the raw sequence bytes that name them
+            if format.container != Container::RawSeq || !format.io_magic {
+                return Err(WriteError::request(
+                    "container",
+                    "a state written with LLAMA_STATE_SEQ_FLAGS_ON_DEVICE holds no row (llama.cpp \
+                     kept them in its own buffers): it is written only as raw sequence bytes",
+                ));
+            }
+        }
+        let format = Format {
+            device: self.format.device,
+            ..format
+        };
         if !format.is_sequence() {
             if self.arch.is_none() {
                 return Err(WriteError::request(

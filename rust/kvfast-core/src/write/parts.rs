@@ -97,6 +97,9 @@ pub struct Format {
     pub n_stream: bool,
     /// Bytes of the cell extension of attention cells that have one (8: x, y; 12: x, y, tok).
     pub ext_bytes: u8,
+    /// Every header and cell, no row (raw sequence bytes written with
+    /// `LLAMA_STATE_SEQ_FLAGS_ON_DEVICE`: llama.cpp keeps the rows in its own buffers).
+    pub device: bool,
 }
 
 impl Format {
@@ -110,6 +113,7 @@ impl Format {
             outputs: layout.outputs.is_some(),
             n_stream: !has("no n_stream"),
             ext_bytes: layout.ext_bytes,
+            device: layout.rows_on_device,
         }
     }
 
@@ -128,6 +132,7 @@ impl Format {
             outputs: false,
             n_stream: true,
             ext_bytes: 12,
+            device: false,
         }
     }
 
@@ -200,7 +205,8 @@ fn i32s(b: &[u8]) -> Vec<i32> {
 /// The rows of a record, cell-major (a transposed record's elements gathered per cell).
 fn rows_of(buf: &[u8], rec: &Record, cells: usize) -> Result<Rows> {
     let data = slice(buf, rec.data_offset, rec.data_len)?;
-    let rows = if rec.transposed {
+    // (no row at all: a state whose rows stayed on the device)
+    let rows = if rec.transposed && !data.is_empty() {
         let el = rec.ty.block_bytes();
         let n = rec.n_embd as usize;
         let mut out = vec![0u8; data.len()];
@@ -396,12 +402,14 @@ fn write_cache(w: &mut impl Write, f: Format, ci: usize, c: &CacheParts) -> Resu
         u32_(w, s.v_trans as u32)?;
         u32_(w, n_layer)?;
         let n = s.cells.len();
+        // rows kept on the device: the headers alone
+        let rows = if f.device { 0 } else { n };
         for (k, _) in &s.layers {
-            write_rows(w, k, n, false)?;
+            write_rows(w, k, rows, false)?;
         }
         for (_, v) in &s.layers {
             if let Some(v) = v {
-                write_rows(w, v, n, s.v_trans && !recurrent)?;
+                write_rows(w, v, rows, s.v_trans && !recurrent)?;
             }
         }
     }
