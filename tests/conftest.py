@@ -6,11 +6,15 @@ import pytest
 DATA = Path(__file__).parent / "data"
 # Folders written through the C API (probe.json lists their sequences); llama-server's slot saves
 # (gemma3-270m-server) have tests of their own.
-_PROBED = sorted(
+_PROBED_ALL = sorted(
     p
     for p in DATA.iterdir()
     if (p / "probe.json").exists() and "seqs" in json.loads((p / "probe.json").read_text())
 )
+# States of llama_state_seq_get_data_ext's flags (PARTIAL_ONLY, ON_DEVICE) and of an empty
+# sequence (make_partial.py; probe.json lists the flags): tested by test_partial.py.
+FLAGGED_FOLDERS = [p for p in _PROBED_ALL if "flags" in json.loads((p / "probe.json").read_text())]
+_PROBED = [p for p in _PROBED_ALL if p not in FLAGGED_FOLDERS]
 # States of memories other than one plain KV cache (V-less MLA, recurrent, hybrid; probe.json names
 # the memory): written by make_memories.py and tested by test_memories.py.
 MEMORY_FOLDERS = [p for p in _PROBED if "memory" in json.loads((p / "probe.json").read_text())]

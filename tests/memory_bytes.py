@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +36,20 @@ SPECS = {
     "tiny-qwen35.gguf": Spec(1, False, 12, 3, ((3,),), (0, 1, 2)),
     "tiny-lfm2.gguf": Spec(1, False, 0, 3, ((2, 4),), (0, 1, 3)),
     "tiny-lfm2-swa.gguf": Spec(2, False, 0, 3, ((), (2, 4)), (0, 1, 3)),
+    "tiny-gemma3.gguf": Spec(2, False, 0, 0, ((1, 3), (0, 2)), ()),  # make_partial.py
+    "tiny-qwen3.gguf": Spec(1, False, 0, 0, ((0, 1),), ()),
 }
+
+
+def partial(spec: Spec) -> Spec:
+    """What LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY writes of a memory: llama_kv_cache_iswa::state_write
+    skips the full-attention cache, llama_memory_hybrid::state_write the attention cache (a hybrid
+    iSWA memory passes the flag to its iSWA pair); a plain cache and a recurrent memory ignore it."""
+    if spec.kv_caches == 2:
+        return replace(spec, kv_caches=1, model_layers=spec.model_layers[1:])
+    if spec.kv_caches == 1 and spec.recurrent_layers:
+        return replace(spec, kv_caches=0, model_layers=())
+    return spec
 
 
 @dataclass
@@ -66,8 +79,8 @@ class Part:
 
 
 class Bytes:
-    def __init__(self, raw: bytes) -> None:
-        self.raw, self.o = raw, 0
+    def __init__(self, raw: bytes, device: bool = False) -> None:
+        self.raw, self.o, self.device = raw, 0, device
 
     def u32(self) -> int:
         (v,) = struct.unpack_from("<I", self.raw, self.o)
@@ -100,9 +113,12 @@ def _cells(b: Bytes, part: Part, n: int, ext: int) -> None:
 
 
 def _rows(b: Bytes, kind: str, layer: int, cells: int) -> Rec:
+    """A record; with ``b.device`` (LLAMA_STATE_SEQ_FLAGS_ON_DEVICE) its header alone."""
     ty = TYPES[b.i32()]
     row = b.u64()
     off = b.o
+    if b.device:
+        return Rec(kind, layer, ty, row // (4 if ty == "f32" else 2), off, np.zeros((cells, 0), np.float32))
     vals = decode(ty, b.take(row * cells))
     n = vals.size // cells if cells else 0
     return Rec(kind, layer, ty, n, off, vals.reshape(cells, n))
@@ -129,6 +145,9 @@ def _kv(b: Bytes, spec: Spec) -> Part:
             ty = TYPES[b.i32()]
             el, n = b.u32(), b.u32()
             off = b.o
+            if b.device:
+                part.recs.append(Rec("v", il, ty, n, off, np.zeros((cells, 0), np.float32)))
+                continue
             vals = decode(ty, b.take(el * n * cells)).reshape(n, cells).T
             part.recs.append(Rec("v", il, ty, n, off, vals))
     return part
@@ -146,10 +165,14 @@ def _recurrent(b: Bytes, spec: Spec) -> Part:
 
 
 def read(path: Path) -> tuple[Spec, list[Part]]:
-    """The parts of a fixture's memory, in file order; the reading must end at the last byte."""
+    """The parts of a fixture's memory, in file order; the reading must end at the last byte. A
+    make_partial.py file named ``*.partial*`` holds what PARTIAL_ONLY writes, one named
+    ``*device*`` no row (ON_DEVICE)."""
     model = json.loads((path.parent / "probe.json").read_text())["model"]
     spec = SPECS[model]
-    b = Bytes(path.read_bytes())
+    if ".partial" in path.name:
+        spec = partial(spec)
+    b = Bytes(path.read_bytes(), device="device" in path.name)
     magic = b.u32()
     if magic == IO_MAGIC:
         b.u32()  # seq_id

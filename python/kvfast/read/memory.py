@@ -79,7 +79,9 @@ def describe(dump: OpenState) -> dict[str, Any]:
     partial = dump.partial
     return {
         "memory": kind_of(dump),
-        "partial": None if partial is None else {"absent": partial.absent, "model_layers": partial.model_layers},
+        "partial": None
+        if partial is None
+        else {"absent": partial.absent, "model_layers": partial.model_layers},
         "rows_on_device": dump.rows_on_device,
         "v_less": _v_less(dump),
         "recurrent": recurrent,
@@ -92,7 +94,7 @@ def print_info(d: dict[str, Any]) -> None:
     p = d["partial"]
     if p is not None:
         layers = f"model layers {p['model_layers']}" if p["model_layers"] else "no layer"
-        print(f"  partial    written with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (a context checkpoint): the")
+        print("  partial    written with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (a context checkpoint): the")
         print(f"             {d['memory']} model's {p['absent']} ({layers}) is absent")
     if d["rows_on_device"]:
         print("  rows       not in the bytes: written with LLAMA_STATE_SEQ_FLAGS_ON_DEVICE, every header and")

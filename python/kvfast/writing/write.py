@@ -218,7 +218,18 @@ def write(
     for new_id in [*ids, *(seq_map or {}).values()]:
         if not isinstance(new_id, (int, np.integer)):
             raise WriteError("seq_id", f"sequence ids are integers, not {new_id!r}")
-    edited = (keep, cache_type_k, cache_type_v, v_trans, values or None, seq_id, seq_map or None, tokens, arch, version)
+    edited = (
+        keep,
+        cache_type_k,
+        cache_type_v,
+        v_trans,
+        values or None,
+        seq_id,
+        seq_map or None,
+        tokens,
+        arch,
+        version,
+    )
     for d in sources:
         if d.rows_on_device and (
             len(sources) > 1 or target != d.container or share or any(e is not None for e in edited)

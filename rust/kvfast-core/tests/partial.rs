@@ -15,9 +15,11 @@ fn data(rel: &str) -> PathBuf {
         .join(rel)
 }
 
-/// (folder, model, model layers of the cache a PARTIAL_ONLY state lacks: None when the flag
-/// changes nothing, the absent cache's name).
-const RUNS: [(&str, &str, Option<(&str, &[i32])>); 6] = [
+/// The cache a PARTIAL_ONLY state lacks and its model layers (None: the flag changes nothing).
+type Absent = Option<(&'static str, &'static [i32])>;
+
+/// (folder, model, what its PARTIAL_ONLY state lacks).
+const RUNS: [(&str, &str, Absent); 6] = [
     (
         "gemma3tiny-partial",
         "tiny-gemma3.gguf",
