@@ -1,5 +1,9 @@
 //! Walking the memory of a state, rows skipped: its KV CACHE blocks (section 2 of the format doc),
-//! then, for a recurrent or hybrid model, its recurrent part (`recurrent`).
+//! then, for a recurrent or hybrid model, its recurrent part (`recurrent`). A stream of no cell
+//! ends at its cell count (no v_trans, no n_layer: an empty sequence's caches say nothing of their
+//! layers); with `LLAMA_STATE_SEQ_FLAGS_ON_DEVICE` every header is written and no row
+//! ([`Reading::device`]); with `PARTIAL_ONLY` some caches are not written at all (the model tells
+//! which: [`crate::model::layer_map`]).
 
 use crate::error::{Error, Result};
 use crate::format::cells::read_cells;

@@ -7,6 +7,8 @@
 //! `u64 row bytes`, a row per cell: the conv / token-shift state), then for each such layer an S
 //! record (the SSM / WKV / delta-net state). Which layers have records is not in the bytes: the
 //! reading counts them (the part ends the state, so the records run to the end: half R, half S).
+//! A part of no cell (an empty sequence) still writes s_trans, n_layer and every record header,
+//! each of 0 rows; one written with `LLAMA_STATE_SEQ_FLAGS_ON_DEVICE` writes its headers and no row.
 
 use crate::error::{Error, Result};
 use crate::format::cells::{read_cells, MAX_EMBD, MAX_LAYERS, MAX_SEQ};

@@ -2,8 +2,11 @@
 //! description where it is given, from the bytes alone where they tell.
 //!
 //! One attention cache holds every attention layer; an iSWA state holds the full-attention layers'
-//! cache, then the sliding-window layers' cache (or that one alone when written with
-//! PARTIAL_ONLY); the recurrent part (last) holds the layers with R and S records.
+//! cache, then the sliding-window layers' cache; the recurrent part (last) holds the layers with R
+//! and S records. A state written with `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY` lacks what can be
+//! recomputed: an iSWA model's full-attention cache, a hybrid's attention cache (a hybrid iSWA
+//! model keeps its sliding-window one); the map says which model layers are absent
+//! ([`Partial`]). A cache with no cell (an empty sequence) writes no layer count and fits any.
 
 use crate::format::layout::{Cache, Layout, Memory};
 
