@@ -109,6 +109,7 @@ def test_partial_says_what_the_model_has_that_the_state_lacks(flagged_file: Path
     with _open(flagged_file) as d:
         got = None if d.partial is None else (d.partial.absent, d.partial.model_layers)
         assert got == absent
+        assert ("partial (PARTIAL_ONLY)" in d._repr_html_()) is (absent is not None)
     with _open(flagged_file, model=False) as d:
         assert d.partial is None  # the bytes alone do not say which memory they are part of
 
@@ -141,7 +142,7 @@ def test_kvfast_info_says_partial_and_what_is_absent(capsys: pytest.CaptureFixtu
     f = DATA / "lfm2tiny-partial/seq-0.partial.bin"
     assert main(["info", str(f), "--model", str(MODELS / "tiny-lfm2.gguf")]) == 0
     out = capsys.readouterr().out
-    assert "PARTIAL_ONLY" in out and "hybrid model's attention cache (model layers [2, 4]) is absent" in out
+    assert "PARTIAL_ONLY" in out and "model's attention cache (model layers [2, 4]) is absent" in out
     assert "model layer 0: RS (cache 0 layer 0); 1: RS (cache 0 layer 1); 3: RS (cache 0 layer 2)" in out
     assert main(["info", str(f), "--model", str(MODELS / "tiny-lfm2.gguf"), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
@@ -149,7 +150,7 @@ def test_kvfast_info_says_partial_and_what_is_absent(capsys: pytest.CaptureFixtu
     f = DATA / "gemma3tiny-partial/seq-0.partial-device.bin"
     assert main(["info", str(f), "--model", str(MODELS / "tiny-gemma3.gguf")]) == 0
     out = capsys.readouterr().out
-    assert "kv model's full-attention cache (model layers [1, 3]) is absent" in out
+    assert "model's full-attention cache (model layers [1, 3]) is absent" in out
     assert "LLAMA_STATE_SEQ_FLAGS_ON_DEVICE" in out
 
 

@@ -62,6 +62,10 @@ def dump_html(d: OpenState) -> str:
         head.append(html.escape(f"{len(tokens):,} tokens stored"))
     if d.head_dim_k is not None:
         head.append(html.escape(f"head_dim K {d.head_dim_k}, V {d.head_dim_v}"))
+    if d.partial is not None:
+        head.append(html.escape(f"partial (PARTIAL_ONLY): the {d.partial.absent} is absent"))
+    if d.rows_on_device:
+        head.append(html.escape("no row in the bytes (ON_DEVICE)"))
     rows = [_row("cache", "stream / layers", "K", "V", "model layers", head=True)]
     for c in d.caches:
         shown = c.streams[:4]

@@ -95,7 +95,7 @@ def print_info(d: dict[str, Any]) -> None:
     if p is not None:
         layers = f"model layers {p['model_layers']}" if p["model_layers"] else "no layer"
         print("  partial    written with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (a context checkpoint): the")
-        print(f"             {d['memory']} model's {p['absent']} ({layers}) is absent")
+        print(f"             model's {p['absent']} ({layers}) is absent")
     if d["rows_on_device"]:
         print("  rows       not in the bytes: written with LLAMA_STATE_SEQ_FLAGS_ON_DEVICE, every header and")
         print("             cell and no row (llama.cpp kept the rows in its own buffers)")
