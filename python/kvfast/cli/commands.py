@@ -14,6 +14,7 @@ import polars as pl
 
 import kvfast
 from kvfast.cli import views as cli_views
+from kvfast.cli import warned
 from kvfast.cli import write as cli_write
 from kvfast.cli.args import BROKEN_PIPE, USAGE, non_negative_int
 from kvfast.errors import ProbeCrashError
@@ -403,8 +404,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (see :mod:`kvfast.cli.args`)."""
     args = _parser().parse_args(argv)
     try:
-        code = int(args.run(args))
-        sys.stdout.flush()
+        with warned.gathered():
+            code = int(args.run(args))
+            sys.stdout.flush()
         return code
     except BrokenPipeError:
         _quiet_stdout()

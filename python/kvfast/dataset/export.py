@@ -47,7 +47,7 @@ from kvfast.dataset.states import (
     records,
     stats_frame,
 )
-from kvfast.errors import ExportError, PreRopeError
+from kvfast.errors import ExportError, KvfastWarning, PreRopeError, holding, say
 from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Mode
 from kvfast.read import remote
@@ -418,17 +418,20 @@ def export(
     n_jobs = max(1, jobs or os.cpu_count() or 1)
     todo = iter(files.items())
     with Commit(opts.out) as commit, ThreadPoolExecutor(max_workers=n_jobs) as pool:
-        running: set[Future[dict[str, Any]]] = set()
+        running: set[Future[tuple[dict[str, Any], list[KvfastWarning]]]] = set()
         while True:
             # no new state is started once one has failed with on_error="fail"
             while (
                 outcomes.failed is None and len(running) < n_jobs and (item := next(todo, None)) is not None
             ):
-                running.add(pool.submit(export_one, opts, commit, bar, *item))
+                running.add(pool.submit(holding, export_one, opts, commit, bar, *item))
             if not running:
                 break
             done, running = wait(running, return_when=FIRST_COMPLETED)
             for fut in done:
-                outcomes.add(fut.result())
+                row, kept = fut.result()
+                for w in kept:
+                    say(w)
+                outcomes.add(row)
     bar.close()
     return outcomes.report()

@@ -8,12 +8,11 @@ from their markers (``values``: the types of their files; older markers, from th
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 from kvfast.dataset.export_commit import MARKER
 from kvfast.dataset.states import dump_id, values_schema
-from kvfast.errors import KvfastError
+from kvfast.errors import KvfastError, warn
 from kvfast.read.opening import Opening
 from kvfast.read.state import State
 
@@ -48,11 +47,11 @@ def one_type(files: dict[str, str], out: Path, opening: Opening) -> str | None:
     if dtype is None and "float32" in others:
         return "float32"  # join the float32 states already there: one type in OUT
     if dtype == "float32" and "float16" in others:
-        warnings.warn(
-            f"{out} already holds float16 states and these need float32: its files now mix the two,"
+        warn(
+            "it already holds float16 states and these need float32: its files now mix the two,"
             " which some engines read wrongly (pyarrow casts every file to the first one's type). Read"
             " it with kvfast.scan_export, or export every state again with dtype='float32'.",
-            stacklevel=3,
+            about=str(out),
         )
     return dtype
 

@@ -117,7 +117,7 @@ def record_frame(
 ) -> pl.DataFrame:
     """One record's value table (``values``: with the values column, counted in :data:`READS`) with
     the dump and path columns, in :data:`INDEX_SCHEMA`'s column order."""
-    stream = d._live().table(
+    stream = (d._reading([cache], [kind]) if values else d._live()).table(
         caches=[cache],
         layers=[layer],
         kinds=[kind],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -15,7 +14,7 @@ import polars as pl
 from kvfast import _kvfast
 from kvfast.analysis import measure as analysis
 from kvfast.analysis.measure import By
-from kvfast.errors import ClosedError, RotationWarning, SelectionError
+from kvfast.errors import ClosedError, RotationWarning, SelectionError, warn
 from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Mode, Rotation
 from kvfast.probe import manifest as probe_manifest
@@ -97,8 +96,8 @@ class State:
         self._caches = build_caches(raw)
         self._recurrent = None if rec_raw is None else build_recurrent([*raw, rec_raw])
         self._rotation = [Rotation(**r) for r in info["rotation"]]
-        if info["rotation_warning"] is not None:
-            warnings.warn(info["rotation_warning"], RotationWarning, stacklevel=3)
+        # said once, when values are first read (opening, info and layout read none)
+        self._rotation_warning: str | None = info["rotation_warning"]
         #: Whether K values are read before RoPE (``pre_rope=True``; see :mod:`kvfast.pre_rope`).
         self.pre_rope = pre_rope
 
@@ -133,6 +132,35 @@ class State:
         if self._state is None:
             raise ClosedError(f"{self.path}: the dump is closed")
         return self._state
+
+    def _reading(
+        self,
+        caches: Sequence[int] | None = None,
+        kinds: Sequence[str] | None = None,
+        stored: bool = False,
+    ) -> _kvfast.State:
+        """The open state, for a pass that reads the values of `caches` and `kinds` (None: all):
+        the first such pass that reads a cache kvfast could not be sure how llama.cpp stored warns
+        (RotationWarning), once per state."""
+        state = self._live()
+        if self._rotation_warning is not None and not stored:
+            unsure = [
+                r
+                for r in self._rotation
+                if not r.certain
+                and (caches is None or r.cache in caches)
+                and (kinds is None or r.kind in kinds)
+            ]
+            if unsure:
+                text, self._rotation_warning = self._rotation_warning, None
+                # the evidence differs from state to state; what is undecided, and the advice, do not
+                said, sep, evidence = text.partition(" Evidence: ")
+                detail = None
+                if sep:
+                    evidence, dot, advice = evidence.partition(". ")
+                    said, detail = f"{said} {advice}".strip(), f"Evidence: {evidence}{dot}".strip()
+                warn(said, RotationWarning, about=self.path, detail=detail)
+        return state
 
     def _get(self, key: str) -> Any:
         self._live()
@@ -388,12 +416,13 @@ class State:
         ``pre_rope=True`` (float32); ``stored=True`` gives them as stored.
         ``stream=None`` takes the first stream that holds cells.
         """
-        state = self._live()
+        self._live()
         rec = record_ref(self._caches, cache, layer, kind, stream, self._recurrent)
         if rec.kind in select.RECURRENT_KINDS and self._recurrent is not None:
             ci = self._recurrent.index
         else:
             ci = 0 if cache is None else select.integer("cache", cache)
+        state = self._reading([ci], [rec.kind], stored)
         buf, name, n_embd, cells, _ = state.rows(ci, rec.stream.index, layer, rec.kind, dtype, stored)
         arr: npt.NDArray[Any] = np.frombuffer(memoryview(buf), dtype=np.dtype(name).newbyteorder("<"))
         return arr.reshape(cells, n_embd)
@@ -414,7 +443,7 @@ class State:
             caches=caches,
             recurrent=self._recurrent,
         )
-        return self._live().table(
+        return self._reading(sel.caches, sel.kinds).table(
             caches=sel.caches,
             layers=sel.layers,
             kinds=sel.kinds,
