@@ -173,7 +173,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         partition_by=tuple(args.partition_by),
         jobs=args.jobs,
         head_dim=args.head_dim,
-        model=args.model,
+        model=cli_views.models(args.model),
         rotation=args.rotation,
         on_error=args.on_error,
         dtype=args.dtype,
@@ -346,7 +346,7 @@ def _parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         help="a bar of bytes read on stderr (default: when stderr is a terminal)",
     )
-    cli_views.geometry_options(exp)
+    cli_views.geometry_options(exp, many=True)
     exp.set_defaults(run=_cmd_export)
 
     man = sub.add_parser(

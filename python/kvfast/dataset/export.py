@@ -51,7 +51,7 @@ from kvfast.errors import ExportError, KvfastWarning, PreRopeError, holding, say
 from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Mode
 from kvfast.read import remote
-from kvfast.read.opening import Opening
+from kvfast.read.opening import Models, Opening
 from kvfast.read.state import State
 
 
@@ -63,18 +63,21 @@ class _Options:
     partition_by: tuple[str, ...]
     #: How each state is opened (on the workers too: it is picklable).
     opening: Opening
-    #: The model's geometry, read once: what the markers record of the model.
-    geometry: ModelGeometry | None
+    #: The models' geometries by the model each state opens with, read once: what the markers
+    #: record of the model.
+    geometries: dict[str, ModelGeometry | None]
     dtype: str | None
     hive: bool = False
 
-    def signature(self) -> dict[str, Any]:
+    def signature(self, real: str) -> dict[str, Any]:
+        """The options the state at `real` is exported with (its model's, where states have several)."""
+        geometry = self.geometries.get(repr(self.opening.model_for(real)))
         return {
             "what": self.what,
             "by": self.by,
             "partition_by": list(self.partition_by),
             "head_dim": self.opening.head_dim,
-            "model": None if self.geometry is None else repr(self.geometry),
+            "model": None if geometry is None else repr(geometry),
             "dtype": self.dtype,
             "rotation": self.opening.rotation,
             "layout": "hive" if self.hive else "files",
@@ -126,12 +129,12 @@ def _source_id(real: str, storage_options: remote.StorageOptions) -> dict[str, A
     return {"path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def _done(opts: _Options, commit: Commit, key: str, source: dict[str, Any]) -> bool:
+def _done(commit: Commit, key: str, source: dict[str, Any], signature: dict[str, Any]) -> bool:
     try:
         saved = json.loads((commit.published(key) / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return bool(saved.get("source") == source and saved.get("options") == opts.signature())
+    return bool(saved.get("source") == source and saved.get("options") == signature)
 
 
 def _write(frames: Iterator[pl.DataFrame], dest: Path) -> tuple[int, str | None]:
@@ -218,11 +221,14 @@ def export_one(opts: _Options, commit: Commit, progress: Progress, path: str, re
         # the source as it was before reading: a change during the export makes the marker stale
         source = _source_id(real, opts.opening.storage_options)
         size = source["size"]
-        if _done(opts, commit, key, source):
+        signature = opts.signature(path)
+        if _done(commit, key, source, signature):
             return row
         staged = commit.stage(key)
         types: set[str] = set()
         with opts.opening.open(path) as d:
+            plan = d._live().value_plan()
+            width = None if plan is None or len(plan[1]) != 1 else plan[1][0]  # the values' width
             parts = [(opts.dest(staged, key, part), part, recs) for part, recs in _partitions(opts, d)]
             if opts.what == "values":  # in Rust, the partitions in parallel (kvfast.dataset.export_parquet)
                 written = export_parquet.write_values(d, [(p[0], p[2]) for p in parts], opts.dtype, advance)
@@ -238,10 +244,11 @@ def export_one(opts: _Options, commit: Commit, progress: Progress, path: str, re
                 row["files"] += files
         marker = {
             "source": source,
-            "options": opts.signature(),
+            "options": signature,
             "rows": row["rows"],
             "files": row["files"],
             "values": sorted(types),
+            "head_dim": width,
         }
         (staged / MARKER).write_text(json.dumps(marker))
         commit.publish(staged, key)
@@ -309,7 +316,7 @@ def plan_export(
     what: str,
     partition_by: Sequence[str],
     head_dim: int | None,
-    model: str | os.PathLike[str] | ModelGeometry | None,
+    model: Models,
     on_error: str,
     by: str,
     dtype: str | None,
@@ -331,14 +338,15 @@ def plan_export(
         raise ValueError(f"partition_by takes cache, layer and kind, not {sorted(bad)}")
     files = _unique(expand(paths, storage_options))
     opening = Opening(head_dim, model, rotation, pre_rope, storage_options)
-    geometry = opening.geometry()
+    models = {repr(opening.model_for(given)): given for given in files}
+    geometries = {m: opening.geometry(given) for m, given in models.items()}
     _check_layout(out)
     if pre_rope:
         _refuse_early(opening, next(iter(files)))
         dtype = "float32" if what == "values" and dtype is None else dtype
     if what == "values" and dtype is None:
         dtype = one_type(files, out, opening)
-    opts = _Options(out, what, by, tuple(partition_by), opening, geometry, dtype, hive)
+    opts = _Options(out, what, by, tuple(partition_by), opening, geometries, dtype, hive)
     return files, opts
 
 
@@ -362,7 +370,7 @@ def export(
     partition_by: Sequence[str] = ("layer",),
     jobs: int | None = None,
     head_dim: int | None = None,
-    model: str | os.PathLike[str] | ModelGeometry | None = None,
+    model: Models = None,
     on_error: str = "fail",
     by: str = "cell",
     dtype: str | None = None,

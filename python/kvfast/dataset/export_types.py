@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from kvfast.dataset.export_commit import MARKER
-from kvfast.dataset.states import dump_id, values_schema
+from kvfast.dataset.states import dump_id, value_types
 from kvfast.errors import KvfastError, warn
 from kvfast.read.opening import Opening
 from kvfast.read.state import State
@@ -40,7 +40,7 @@ def one_type(files: dict[str, str], out: Path, opening: Opening) -> str | None:
     """The values type of a whole export (``dtype=None``): float16 (None) when every state of
     this run and every other state already in `out` is f16, else ``"float32"``."""
     dumps = [d for d in (_try_open(f, opening) for f in files) if d is not None]
-    dtype = values_schema(dumps)[1] if dumps else None
+    dtype = None if not dumps or value_types(dumps)[0] else "float32"
     for dd in dumps:
         dd.close()
     others = _types_in(out, {dump_id(real) for real in files.values()})
