@@ -47,14 +47,34 @@ def select(
     }
 
 
+def parts(
+    dump: OpenState,
+    layers: Sequence[int] | None,
+    caches: Sequence[int] | None,
+    model_layers: Sequence[int] | None,
+) -> list[tuple[Sequence[int] | None, Sequence[int] | None]]:
+    """The (caches, layers) selections a pass runs over: the one given, or one per cache holding
+    the ``model_layers`` asked for (their results concatenated are the model layers' own)."""
+    if model_layers is None:
+        return [(caches, layers)]
+    return list(checks.by_model_layer(dump.caches, model_layers, layers, caches))
+
+
 def stats(
     dump: OpenState,
     by: By = "cell",
     layers: Sequence[int] | None = None,
     kinds: Sequence[str] | str | None = None,
     skip_first: int = 0,
+    caches: Sequence[int] | None = None,
+    model_layers: Sequence[int] | None = None,
 ) -> pl.DataFrame:
-    sel = select(dump, layers, kinds, skip_first=skip_first)
+    if model_layers is not None:
+        frames = [
+            stats(dump, by, ls, kinds, skip_first, cs) for cs, ls in parts(dump, layers, caches, model_layers)
+        ]
+        return pl.concat(frames)
+    sel = select(dump, layers, kinds, caches, skip_first=skip_first)
     state = dump._reading(sel["caches"], sel["kinds"])
     if by == "cell":
         return pl.DataFrame(_kvfast.cell_stats(state, sel, skip_first))
@@ -90,8 +110,17 @@ def quant_error(
     kinds: Sequence[str] | str | None = None,
     skip_first: int = 0,
     rotate: bool = True,
+    caches: Sequence[int] | None = None,
+    model_layers: Sequence[int] | None = None,
 ) -> pl.DataFrame:
-    sel = select(dump, layers, kinds, skip_first=skip_first)
+    if model_layers is not None:
+        return pl.concat(
+            [
+                quant_error(dump, type, by, ls, kinds, skip_first, rotate, cs)
+                for cs, ls in parts(dump, layers, caches, model_layers)
+            ]
+        )
+    sel = select(dump, layers, kinds, caches, skip_first=skip_first)
     # llama.cpp rotates attention caches only: the recurrent part (kinds r, s) is never rotated
     attention = sel["kinds"] is None or any(k in checks.KINDS for k in sel["kinds"])
     groups = simulated_rotation(dump, type) if rotate and attention else (0, 0)
@@ -158,6 +187,8 @@ def compare(
     layers: Sequence[int] | None = None,
     kinds: Sequence[str] | str | None = None,
     match: Match = "sequence",
+    caches: Sequence[int] | None = None,
+    model_layers: Sequence[int] | None = None,
 ) -> pl.DataFrame:
     """Errors of B against A: one row per (cache, layer, kind, cell, sequence, head) of A, cells
     matched by (sequence, position), not by order (``match='sequence'``), by position alone
@@ -167,8 +198,15 @@ def compare(
     (TokenMismatchWarning) where both states' tokens are known and differ at compared positions."""
     if match not in MATCHES:
         raise ValueError(f"match must be 'sequence', 'position' or 'tokens', not {match!r}")
+    if by not in ("cell", "layer"):
+        raise ValueError(f"by must be 'cell' or 'layer', not {by!r}")
+    if model_layers is not None:
+        frames = [
+            compare(a, b, "cell", ls, kinds, match, cs) for cs, ls in parts(a, layers, caches, model_layers)
+        ]
+        return pl.concat(frames) if by == "cell" else summarize(pl.concat(frames))
     ta, tb = position_tokens(a), position_tokens(b)
-    sel = select(a, layers, kinds)
+    sel = select(a, layers, kinds, caches)
     # kvfast-core's matching raises MatchError (the binding's), a selection it lacks SelectionError
     sa, sb = a._reading(sel["caches"], sel["kinds"]), b._reading(sel["caches"], sel["kinds"])
     if match == "sequence":

@@ -152,14 +152,30 @@ def _emit(df: pl.DataFrame, args: argparse.Namespace) -> None:
 
 def _cmd_stats(args: argparse.Namespace) -> int:
     with cli_views.open_state(args.path, args) as dump:
-        df = dump.stats(by=args.by, layers=args.layers, kinds=args.kinds, skip_first=args.skip_first)
+        df = dump.stats(
+            by=args.by,
+            layers=args.layers,
+            kinds=args.kinds,
+            skip_first=args.skip_first,
+            model_layers=args.model_layers,
+            caches=args.caches,
+        )
     _emit(df, args)
     return 0
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
     with cli_views.open_state(args.a, args) as a, cli_views.open_state(args.b, args) as b:
-        df = kvfast.compare(a, b, by=args.by, layers=args.layers, kinds=args.kinds, match=args.match)
+        df = kvfast.compare(
+            a,
+            b,
+            by=args.by,
+            layers=args.layers,
+            kinds=args.kinds,
+            match=args.match,
+            caches=args.caches,
+            model_layers=args.model_layers,
+        )
     _emit(df, args)
     return 0
 
@@ -257,6 +273,16 @@ def _table_options(p: argparse.ArgumentParser) -> None:
         "--layers", type=non_negative_int, nargs="+", help="only these layers (index within the cache)"
     )
     p.add_argument(
+        "--model-layers",
+        type=non_negative_int,
+        nargs="+",
+        help="only these layers of the model (its own numbering, across an iSWA model's two caches;"
+        " needs the model's layer map: --model, or a probe manifest)",
+    )
+    p.add_argument(
+        "--caches", type=non_negative_int, nargs="+", help="only these caches (an iSWA state has two)"
+    )
+    p.add_argument(
         "--kinds",
         nargs="+",
         choices=["k", "v", "r", "s"],
@@ -330,7 +356,14 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument(
         "--by", choices=["cell", "channel", "head", "layer"], default="cell", help="with --stats"
     )
-    exp.add_argument("--partition-by", nargs="*", default=["layer"], choices=["cache", "layer", "kind"])
+    exp.add_argument(
+        "--partition-by",
+        nargs="*",
+        default=["auto"],
+        choices=["auto", "cache", "layer", "model_layer", "kind"],
+        help="auto: a file per layer; for a state of several caches (iSWA) per model layer where the"
+        " model's map is known, else per cache and layer; or these keys",
+    )
     exp.add_argument("--jobs", type=int, help="states written at once (default: all cores)")
     exp.add_argument("--on-error", choices=["skip", "fail"], default="fail")
     exp.add_argument(

@@ -174,12 +174,24 @@ def _partitions(opts: _Options, d: State) -> list[tuple[dict[str, Any], pl.DataF
     if opts.what != "values" and d.recurrent is not None:
         recs = pl.concat([recs, export_recurrent.records(d)])
     keys = list(opts.partition_by)
+    if keys == ["auto"]:
+        keys = auto_partition(recs)
     if not keys:
         return [({}, recs)]
     return [
         (dict(zip(keys, vals, strict=True)), group)
         for vals, group in recs.group_by(keys, maintain_order=True)
     ]
+
+
+def auto_partition(recs: pl.DataFrame) -> list[str]:
+    """The default partition of a state's records: a file per layer; for a state of several
+    attention caches (iSWA: each numbers its layers from 0, so ``layer-0`` would mix model layers 0
+    and 5), a file per model layer where the model's map is known, else per cache and layer."""
+    attention = recs.filter(pl.col("kind").is_in(["k", "v"]))
+    if attention["cache"].n_unique() <= 1:
+        return ["layer"]
+    return ["model_layer"] if attention["model_layer"].null_count() == 0 else ["cache", "layer"]
 
 
 def _stats_frames(
@@ -333,9 +345,12 @@ def plan_export(
         raise ValueError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
     if dtype not in (None, "float32", "native"):
         raise ValueError(f"dtype must be None, 'float32' or 'native', not {dtype!r}")
-    bad = set(partition_by) - {"cache", "layer", "kind"}
-    if bad:
-        raise ValueError(f"partition_by takes cache, layer and kind, not {sorted(bad)}")
+    if tuple(partition_by) != ("auto",):
+        bad = set(partition_by) - {"cache", "layer", "model_layer", "kind"}
+        if bad:
+            raise ValueError(
+                f"partition_by takes 'auto', or cache, layer, model_layer and kind, not {sorted(bad)}"
+            )
     files = _unique(expand(paths, storage_options))
     opening = Opening(head_dim, model, rotation, pre_rope, storage_options)
     models = {repr(opening.model_for(given)): given for given in files}
@@ -367,7 +382,7 @@ def export(
     paths: Paths,
     out_dir: str | os.PathLike[str],
     what: str = "values",
-    partition_by: Sequence[str] = ("layer",),
+    partition_by: Sequence[str] = ("auto",),
     jobs: int | None = None,
     head_dim: int | None = None,
     model: Models = None,
@@ -385,8 +400,13 @@ def export(
     per state with its path, its id (``dump``, its folder's name), status ('written', 'skipped'
     when already exported and unchanged, 'failed'), rows, files and error.
 
-    Every file holds every column, partition keys included. ``hive=True`` puts each partition in
-    a ``key=value`` folder (``layer=3/``) instead of naming the file after it (``layer-3.parquet``).
+    Every file holds every column, partition keys included. ``partition_by=("auto",)`` (default):
+    a file per layer (``layer-3.parquet``), and for a state of several caches (iSWA) a file per
+    model layer where the model's layer map is known (``model_layer-5.parquet``), else per cache
+    and layer (``cache-1.layer-0.parquet``);
+    or name the keys (cache, layer, model_layer, kind; ``()``: one ``all.parquet``). ``hive=True``
+    puts each partition in a ``key=value`` folder (``model_layer=3/``) instead of naming the file
+    after it.
 
     The values' type: ``dtype=None`` (default) one type for the whole of OUT, so that every engine
     reads one schema: float16 (Parquet's FLOAT16) when every state is f16, else float32 (a warning

@@ -41,7 +41,7 @@ def export(
     paths: Paths,
     out_dir: str | os.PathLike[str],
     what: str = "values",
-    partition_by: Sequence[str] = ("layer",),
+    partition_by: Sequence[str] = ("auto",),
     head_dim: int | None = None,
     model: Models = None,
     on_error: str = "fail",

@@ -457,6 +457,7 @@ class State:
         kinds: Sequence[str] | None = None,
         heads: Sequence[int] | None = None,
         dtype: str | None = None,
+        model_layers: Sequence[int] | None = None,
     ) -> pa.Table:
         """The long value table: one row per (cache, stream, layer, kind, cell, seq_id, head).
 
@@ -465,10 +466,13 @@ class State:
         ``kinds=None`` reads K and V; the recurrent part's rows are ``kinds=["r"]`` and ``["s"]``
         (cache: the part's index, one row per sequence's cell, head 0: the row is not split, each
         kind its own width, so select one at a time). An MLA cache's K rows are one head.
+        ``model_layers``: the model's layers instead of ``layers`` (an iSWA state's caches each
+        number their own layers from 0; the model's map is needed, see ``model=``).
         """
         import pyarrow as pa
 
-        return pa.table(self._table(layers, kinds, heads, dtype))
+        parts = analysis.parts(self, layers, None, model_layers)
+        return pa.concat_tables([pa.table(self._table(ls, kinds, heads, dtype, cs)) for cs, ls in parts])
 
     def to_polars(
         self,
@@ -477,10 +481,12 @@ class State:
         heads: Sequence[int] | None = None,
         dtype: str | None = None,
         tokens: bool = False,
+        model_layers: Sequence[int] | None = None,
     ) -> pl.DataFrame:
         """:meth:`to_arrow` as a Polars DataFrame (values: ``Array(Float16 | Float32, head_dim)``);
         ``tokens=True`` adds each cell's ``token`` and ``piece`` (see :meth:`cell_tokens`)."""
-        df = pl.DataFrame(self._table(layers, kinds, heads, dtype))
+        parts = analysis.parts(self, layers, None, model_layers)
+        df = pl.concat([pl.DataFrame(self._table(ls, kinds, heads, dtype, cs)) for cs, ls in parts])
         return self._with_tokens(df) if tokens else df
 
     def _with_tokens(self, df: pl.DataFrame) -> pl.DataFrame:
@@ -494,6 +500,8 @@ class State:
         kinds: Sequence[str] | str | None = None,
         skip_first: int = 0,
         tokens: bool = False,
+        model_layers: Sequence[int] | None = None,
+        caches: Sequence[int] | None = None,
     ) -> pl.DataFrame:
         """Statistics computed in Rust, streamed over the map with the GIL released.
 
@@ -511,8 +519,10 @@ class State:
 
         ``tokens=True`` (with ``by="cell"``) adds each cell's ``token`` and ``piece``.
         ``skip_first=N`` leaves out cells at positions < N (attention sinks). std is ddof = 0.
+        ``model_layers``: the model's layers instead of ``layers`` (see :meth:`to_arrow`);
+        ``caches``: only these caches (an iSWA state has two).
         """
-        df = analysis.stats(self, by, layers, kinds, skip_first)
+        df = analysis.stats(self, by, layers, kinds, skip_first, caches, model_layers)
         return self._with_tokens(df) if tokens and by == "cell" else df
 
     def quant_error(
@@ -523,11 +533,15 @@ class State:
         kinds: Sequence[str] | str | None = None,
         skip_first: int = 0,
         rotate: bool = True,
+        model_layers: Sequence[int] | None = None,
     ) -> pl.DataFrame:
         """What a cache of ``type`` (q8_0, q4_0, ...) would lose: each row is quantized and
         dequantized with ggml's reference quantizer (bit-exact) in Rust; per (cache, layer, kind,
-        head) or per layer: mse, max_abs, rel (||x - q(x)|| / ||x||) and cosine."""
-        return analysis.quant_error(self, type, by, layers, kinds, skip_first, rotate)
+        head) or per layer: mse, max_abs, rel (||x - q(x)|| / ||x||) and cosine. ``model_layers``:
+        the model's layers instead of ``layers`` (see :meth:`to_arrow`)."""
+        return analysis.quant_error(
+            self, type, by, layers, kinds, skip_first, rotate, model_layers=model_layers
+        )
 
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
         """The value table through the Arrow PyCapsule interface (pyarrow, Polars, DuckDB)."""
