@@ -144,8 +144,9 @@ def test_quant_error_without_a_head_size_warns_and_does_not_rotate() -> None:
         assert set(df["rotation"].to_list()) == {0}
     # a rotated state tells the group itself
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", kvfast.RotationWarning)  # K's group is a guess at open
+        warnings.simplefilter("ignore", kvfast.RotationWarning)  # K's group is a guess, said once
         d = kvfast.open(SERVER / "gemma3-270m-server-q8_0-slot0.bin")
+        d.values(0, "k")
     with warnings.catch_warnings(), d:
         warnings.simplefilter("error", kvfast.RotationWarning)
         df = d.quant_error("q4_0", by="layer", layers=[0])

@@ -7,11 +7,17 @@ subclasses, with ``filename`` set to the path.
 
 Every exception and warning class kvfast defines in Python is defined here; the modules that raise
 them import them from here (so ``kvfast.model.rotation.RotationError`` and the like still name them).
+Every warning is a :class:`KvfastWarning` raised through :func:`warn`, at the user's call.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvfast._kvfast import (
     AmbiguousError,
@@ -75,7 +81,20 @@ class RotationError(KvfastError, ValueError):
     field = None
 
 
-class RotationWarning(UserWarning):
+class KvfastWarning(UserWarning):
+    """Base of kvfast's warnings. ``about`` names what a warning is about (a state's path; None:
+    the call as a whole), ``text`` says what, without it, and ``detail`` what differs from one
+    state to the next (the evidence); the message is ``"ABOUT: TEXT DETAIL"``."""
+
+    def __init__(self, text: str, about: str | None = None, detail: str | None = None) -> None:
+        said = text if detail is None else f"{text} {detail}"
+        super().__init__(said if about is None else f"{about}: {said}")
+        self.text = text
+        self.about = about
+        self.detail = detail
+
+
+class RotationWarning(KvfastWarning):
     """kvfast could not be sure whether, or in which group, a quantized cache is stored rotated."""
 
 
@@ -113,7 +132,7 @@ class MatchError(KvfastError, ValueError):
     field = None
 
 
-class TokenMismatchWarning(UserWarning):
+class TokenMismatchWarning(KvfastWarning):
     """Two states compared position for position hold different tokens at some positions."""
 
 
@@ -167,6 +186,7 @@ __all__ = [
     "FileChangedError",
     "FormatError",
     "KvfastError",
+    "KvfastWarning",
     "LoadError",
     "MatchError",
     "ModelMismatchError",
@@ -182,3 +202,45 @@ __all__ = [
     "UnsupportedVersionError",
     "WriteError",
 ]
+
+
+_PACKAGE = str(Path(__file__).resolve().parent) + "/"
+_HELD = threading.local()  # .kept: this thread's warnings, held for another thread to say
+T = TypeVar("T")
+
+
+def warn(
+    text: str,
+    category: type[KvfastWarning] = KvfastWarning,
+    about: str | None = None,
+    detail: str | None = None,
+) -> None:
+    """Warn where the user's call is: the warning names the first frame outside kvfast's package,
+    however deep inside kvfast it was raised (Python's default filter then shows it once per
+    message and call site)."""
+    said = category(text, about, detail)
+    kept: list[KvfastWarning] | None = getattr(_HELD, "kept", None)
+    if kept is not None:
+        kept.append(said)
+        return
+    level, frame = 1, sys._getframe(0)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    warnings.warn(said, stacklevel=level)
+
+
+def holding(fn: Callable[..., T], *args: Any) -> tuple[T, list[KvfastWarning]]:
+    """``fn(*args)`` in a worker thread, its kvfast warnings held rather than raised there (a
+    warning raised in a worker names the thread pool's line): the thread that waits for it says
+    them with :func:`say`, at the user's call."""
+    kept: list[KvfastWarning] = []
+    _HELD.kept = kept
+    try:
+        return fn(*args), kept
+    finally:
+        _HELD.kept = None
+
+
+def say(held: KvfastWarning) -> None:
+    """Raise a warning :func:`holding` held, at the user's call."""
+    warn(held.text, type(held), held.about, held.detail)

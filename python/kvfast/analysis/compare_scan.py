@@ -8,7 +8,6 @@ does, one state at a time, and only for the states a predicate on ``dump`` / ``p
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
@@ -17,7 +16,7 @@ import polars as pl
 from kvfast.analysis.compare_modes import Match
 from kvfast.analysis.measure import compare
 from kvfast.dataset.states import Paths, batches, dump_id, expand, model_geometry, register_source
-from kvfast.errors import MatchError
+from kvfast.errors import MatchError, warn
 from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Mode
 from kvfast.read import remote
@@ -91,7 +90,7 @@ def compare_scan(
                 except MatchError as e:
                     if on_error == "raise":
                         raise
-                    warnings.warn(f"{d.path}: left out: {e}", stacklevel=2)
+                    warn(f"left out: {e}", about=d.path)
                     continue
                 df = df.with_columns(**{k: pl.lit(v, pl.String()) for k, v in names.items()})
                 df = df.select(list(schema)).cast(pl.Schema(schema))

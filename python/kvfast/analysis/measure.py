@@ -7,7 +7,6 @@ Standard deviations are population ones (ddof = 0); sums are accumulated in floa
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -22,7 +21,7 @@ from kvfast.analysis.compare_modes import (
     position_tokens,
     tokens_unknown,
 )
-from kvfast.errors import MatchError, RotationWarning, TokenMismatchWarning
+from kvfast.errors import MatchError, RotationWarning, TokenMismatchWarning, warn
 from kvfast.read import ggml
 from kvfast.read import select as checks
 from kvfast.read.opened import OpenState
@@ -48,15 +47,35 @@ def select(
     }
 
 
+def parts(
+    dump: OpenState,
+    layers: Sequence[int] | None,
+    caches: Sequence[int] | None,
+    model_layers: Sequence[int] | None,
+) -> list[tuple[Sequence[int] | None, Sequence[int] | None]]:
+    """The (caches, layers) selections a pass runs over: the one given, or one per cache holding
+    the ``model_layers`` asked for (their results concatenated are the model layers' own)."""
+    if model_layers is None:
+        return [(caches, layers)]
+    return list(checks.by_model_layer(dump.caches, model_layers, layers, caches))
+
+
 def stats(
     dump: OpenState,
     by: By = "cell",
     layers: Sequence[int] | None = None,
     kinds: Sequence[str] | str | None = None,
     skip_first: int = 0,
+    caches: Sequence[int] | None = None,
+    model_layers: Sequence[int] | None = None,
 ) -> pl.DataFrame:
-    state = dump._live()
-    sel = select(dump, layers, kinds, skip_first=skip_first)
+    if model_layers is not None:
+        frames = [
+            stats(dump, by, ls, kinds, skip_first, cs) for cs, ls in parts(dump, layers, caches, model_layers)
+        ]
+        return pl.concat(frames)
+    sel = select(dump, layers, kinds, caches, skip_first=skip_first)
+    state = dump._reading(sel["caches"], sel["kinds"])
     if by == "cell":
         return pl.DataFrame(_kvfast.cell_stats(state, sel, skip_first))
     if by not in ("channel", "head", "layer"):
@@ -91,12 +110,22 @@ def quant_error(
     kinds: Sequence[str] | str | None = None,
     skip_first: int = 0,
     rotate: bool = True,
+    caches: Sequence[int] | None = None,
+    model_layers: Sequence[int] | None = None,
 ) -> pl.DataFrame:
-    sel = select(dump, layers, kinds, skip_first=skip_first)
+    if model_layers is not None:
+        return pl.concat(
+            [
+                quant_error(dump, type, by, ls, kinds, skip_first, rotate, cs)
+                for cs, ls in parts(dump, layers, caches, model_layers)
+            ]
+        )
+    sel = select(dump, layers, kinds, caches, skip_first=skip_first)
     # llama.cpp rotates attention caches only: the recurrent part (kinds r, s) is never rotated
     attention = sel["kinds"] is None or any(k in checks.KINDS for k in sel["kinds"])
     groups = simulated_rotation(dump, type) if rotate and attention else (0, 0)
-    df = pl.DataFrame(_kvfast.quant_error(dump._live(), type, sel, skip_first, groups))
+    state = dump._reading(sel["caches"], sel["kinds"])
+    df = pl.DataFrame(_kvfast.quant_error(state, type, sel, skip_first, groups))
     df = df.with_columns(
         rotation=pl.when(pl.col("kind") == "k")
         .then(groups[0])
@@ -140,12 +169,12 @@ def simulated_rotation(dump: OpenState, type: str) -> tuple[int, int]:
             # a state rotated in group g has a head size g divides (and, for K, 2g does not)
             out.append(found[0])
         else:
-            warnings.warn(
-                f"{dump.path}: the {kind.upper()} head size is unknown, so quant_error cannot apply"
-                " llama.cpp's rotation of quantized caches: the loss shown is without it. Pass model= or"
-                " head_dim= to kvfast.open.",
+            warn(
+                f"the {kind.upper()} head size is unknown, so quant_error cannot apply llama.cpp's"
+                " rotation of quantized caches: the loss shown is without it. Pass model= or head_dim="
+                " to kvfast.open.",
                 RotationWarning,
-                stacklevel=4,
+                about=dump.path,
             )
             out.append(0)
     return out[0], out[1]
@@ -158,6 +187,8 @@ def compare(
     layers: Sequence[int] | None = None,
     kinds: Sequence[str] | str | None = None,
     match: Match = "sequence",
+    caches: Sequence[int] | None = None,
+    model_layers: Sequence[int] | None = None,
 ) -> pl.DataFrame:
     """Errors of B against A: one row per (cache, layer, kind, cell, sequence, head) of A, cells
     matched by (sequence, position), not by order (``match='sequence'``), by position alone
@@ -167,25 +198,32 @@ def compare(
     (TokenMismatchWarning) where both states' tokens are known and differ at compared positions."""
     if match not in MATCHES:
         raise ValueError(f"match must be 'sequence', 'position' or 'tokens', not {match!r}")
+    if by not in ("cell", "layer"):
+        raise ValueError(f"by must be 'cell' or 'layer', not {by!r}")
+    if model_layers is not None:
+        frames = [
+            compare(a, b, "cell", ls, kinds, match, cs) for cs, ls in parts(a, layers, caches, model_layers)
+        ]
+        return pl.concat(frames) if by == "cell" else summarize(pl.concat(frames))
     ta, tb = position_tokens(a), position_tokens(b)
-    sel = select(a, layers, kinds)
+    sel = select(a, layers, kinds, caches)
     # kvfast-core's matching raises MatchError (the binding's), a selection it lacks SelectionError
+    sa, sb = a._reading(sel["caches"], sel["kinds"]), b._reading(sel["caches"], sel["kinds"])
     if match == "sequence":
-        df = pl.DataFrame(_kvfast.compare(a._live(), b._live(), sel))
+        df = pl.DataFrame(_kvfast.compare(sa, sb, sel))
     elif match == "position":
-        df = pl.DataFrame(_kvfast.compare_positions(a._live(), b._live(), sel))
+        df = pl.DataFrame(_kvfast.compare_positions(sa, sb, sel))
     else:
         if not ta or not tb:
             raise MatchError(tokens_unknown(a, b, ta, tb))
         below = common_prefix(ta, tb)
-        df = pl.DataFrame(_kvfast.compare_positions(a._live(), b._live(), sel, below))
+        df = pl.DataFrame(_kvfast.compare_positions(sa, sb, sel, below))
     bad = differing(ta, tb) if match != "tokens" else []
     if bad and df.filter(pl.col("pos").is_in(bad)).height:
-        warnings.warn(
+        warn(
             f"{a.path} and {b.path} hold different tokens at {len(bad)} positions (first: {bad[0]}):"
             " the errors compare different inputs there. match='tokens' compares the common prefix only.",
             TokenMismatchWarning,
-            stacklevel=2,
         )
     if by == "cell":
         return df

@@ -14,6 +14,7 @@ import polars as pl
 
 import kvfast
 from kvfast.cli import views as cli_views
+from kvfast.cli import warned
 from kvfast.cli import write as cli_write
 from kvfast.cli.args import BROKEN_PIPE, USAGE, non_negative_int
 from kvfast.errors import ProbeCrashError
@@ -151,14 +152,30 @@ def _emit(df: pl.DataFrame, args: argparse.Namespace) -> None:
 
 def _cmd_stats(args: argparse.Namespace) -> int:
     with cli_views.open_state(args.path, args) as dump:
-        df = dump.stats(by=args.by, layers=args.layers, kinds=args.kinds, skip_first=args.skip_first)
+        df = dump.stats(
+            by=args.by,
+            layers=args.layers,
+            kinds=args.kinds,
+            skip_first=args.skip_first,
+            model_layers=args.model_layers,
+            caches=args.caches,
+        )
     _emit(df, args)
     return 0
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
     with cli_views.open_state(args.a, args) as a, cli_views.open_state(args.b, args) as b:
-        df = kvfast.compare(a, b, by=args.by, layers=args.layers, kinds=args.kinds, match=args.match)
+        df = kvfast.compare(
+            a,
+            b,
+            by=args.by,
+            layers=args.layers,
+            kinds=args.kinds,
+            match=args.match,
+            caches=args.caches,
+            model_layers=args.model_layers,
+        )
     _emit(df, args)
     return 0
 
@@ -172,7 +189,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         partition_by=tuple(args.partition_by),
         jobs=args.jobs,
         head_dim=args.head_dim,
-        model=args.model,
+        model=cli_views.models(args.model),
         rotation=args.rotation,
         on_error=args.on_error,
         dtype=args.dtype,
@@ -256,6 +273,16 @@ def _table_options(p: argparse.ArgumentParser) -> None:
         "--layers", type=non_negative_int, nargs="+", help="only these layers (index within the cache)"
     )
     p.add_argument(
+        "--model-layers",
+        type=non_negative_int,
+        nargs="+",
+        help="only these layers of the model (its own numbering, across an iSWA model's two caches;"
+        " needs the model's layer map: --model, or a probe manifest)",
+    )
+    p.add_argument(
+        "--caches", type=non_negative_int, nargs="+", help="only these caches (an iSWA state has two)"
+    )
+    p.add_argument(
         "--kinds",
         nargs="+",
         choices=["k", "v", "r", "s"],
@@ -329,7 +356,14 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument(
         "--by", choices=["cell", "channel", "head", "layer"], default="cell", help="with --stats"
     )
-    exp.add_argument("--partition-by", nargs="*", default=["layer"], choices=["cache", "layer", "kind"])
+    exp.add_argument(
+        "--partition-by",
+        nargs="*",
+        default=["auto"],
+        choices=["auto", "cache", "layer", "model_layer", "kind"],
+        help="auto: a file per layer; for a state of several caches (iSWA) per model layer where the"
+        " model's map is known, else per cache and layer; or these keys",
+    )
     exp.add_argument("--jobs", type=int, help="states written at once (default: all cores)")
     exp.add_argument("--on-error", choices=["skip", "fail"], default="fail")
     exp.add_argument(
@@ -345,7 +379,7 @@ def _parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         help="a bar of bytes read on stderr (default: when stderr is a terminal)",
     )
-    cli_views.geometry_options(exp)
+    cli_views.geometry_options(exp, many=True)
     exp.set_defaults(run=_cmd_export)
 
     man = sub.add_parser(
@@ -403,8 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (see :mod:`kvfast.cli.args`)."""
     args = _parser().parse_args(argv)
     try:
-        code = int(args.run(args))
-        sys.stdout.flush()
+        with warned.gathered():
+            code = int(args.run(args))
+            sys.stdout.flush()
         return code
     except BrokenPipeError:
         _quiet_stdout()

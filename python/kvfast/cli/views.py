@@ -12,10 +12,21 @@ from kvfast.plot.scale import parse_cells
 from kvfast.read import hexview
 
 
-def geometry_options(p: argparse.ArgumentParser) -> None:
-    """--head-dim and --model, for every command that splits rows into heads."""
+def geometry_options(p: argparse.ArgumentParser, many: bool = False) -> None:
+    """--head-dim and --model, for every command that splits rows into heads (`many`: a command of
+    many states, whose --model may be given per folder or glob, repeated)."""
     p.add_argument("--head-dim", type=positive_int, help="values per head (default: one head spans the row)")
-    p.add_argument("--model", help="a GGUF model: head sizes and the model's layer order")
+    if many:
+        p.add_argument(
+            "--model",
+            action="append",
+            metavar="[FOLDER=]MODEL",
+            help="a GGUF model: head sizes and the model's layer order; FOLDER=MODEL (repeated) gives"
+            " the states in FOLDER (or matching a glob) their own model; states no FOLDER covers use"
+            " the probe manifest beside them, if any",
+        )
+    else:
+        p.add_argument("--model", help="a GGUF model: head sizes and the model's layer order")
     p.add_argument(
         "--rotation",
         choices=["auto", "hadamard", "none"],
@@ -28,6 +39,20 @@ def geometry_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keys before RoPE: undo llama.cpp's RoPE of each K cell from its position (needs --model)",
     )
+
+
+def models(given: list[str] | None) -> str | dict[str, str] | None:
+    """The --model options of a command of many states: one model, or a mapping of folders and
+    globs to models (:class:`kvfast.read.opening.Opening`)."""
+    if not given:
+        return None
+    if len(given) == 1 and "=" not in given[0]:
+        return given[0]
+    pairs = [m.split("=", 1) for m in given]
+    bad = [m for m, pair in zip(given, pairs, strict=True) if len(pair) != 2 or not all(pair)]
+    if bad:
+        raise ValueError(f"--model {bad[0]}: give FOLDER=MODEL for each model when there are several")
+    return {folder: model for folder, model in pairs}
 
 
 def open_state(path: str, args: argparse.Namespace) -> kvfast.State:

@@ -47,11 +47,11 @@ from kvfast.dataset.states import (
     records,
     stats_frame,
 )
-from kvfast.errors import ExportError, PreRopeError
+from kvfast.errors import ExportError, KvfastWarning, PreRopeError, holding, say
 from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Mode
 from kvfast.read import remote
-from kvfast.read.opening import Opening
+from kvfast.read.opening import Models, Opening
 from kvfast.read.state import State
 
 
@@ -63,18 +63,21 @@ class _Options:
     partition_by: tuple[str, ...]
     #: How each state is opened (on the workers too: it is picklable).
     opening: Opening
-    #: The model's geometry, read once: what the markers record of the model.
-    geometry: ModelGeometry | None
+    #: The models' geometries by the model each state opens with, read once: what the markers
+    #: record of the model.
+    geometries: dict[str, ModelGeometry | None]
     dtype: str | None
     hive: bool = False
 
-    def signature(self) -> dict[str, Any]:
+    def signature(self, real: str) -> dict[str, Any]:
+        """The options the state at `real` is exported with (its model's, where states have several)."""
+        geometry = self.geometries.get(repr(self.opening.model_for(real)))
         return {
             "what": self.what,
             "by": self.by,
             "partition_by": list(self.partition_by),
             "head_dim": self.opening.head_dim,
-            "model": None if self.geometry is None else repr(self.geometry),
+            "model": None if geometry is None else repr(geometry),
             "dtype": self.dtype,
             "rotation": self.opening.rotation,
             "layout": "hive" if self.hive else "files",
@@ -126,12 +129,12 @@ def _source_id(real: str, storage_options: remote.StorageOptions) -> dict[str, A
     return {"path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def _done(opts: _Options, commit: Commit, key: str, source: dict[str, Any]) -> bool:
+def _done(commit: Commit, key: str, source: dict[str, Any], signature: dict[str, Any]) -> bool:
     try:
         saved = json.loads((commit.published(key) / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return bool(saved.get("source") == source and saved.get("options") == opts.signature())
+    return bool(saved.get("source") == source and saved.get("options") == signature)
 
 
 def _write(frames: Iterator[pl.DataFrame], dest: Path) -> tuple[int, str | None]:
@@ -171,12 +174,24 @@ def _partitions(opts: _Options, d: State) -> list[tuple[dict[str, Any], pl.DataF
     if opts.what != "values" and d.recurrent is not None:
         recs = pl.concat([recs, export_recurrent.records(d)])
     keys = list(opts.partition_by)
+    if keys == ["auto"]:
+        keys = auto_partition(recs)
     if not keys:
         return [({}, recs)]
     return [
         (dict(zip(keys, vals, strict=True)), group)
         for vals, group in recs.group_by(keys, maintain_order=True)
     ]
+
+
+def auto_partition(recs: pl.DataFrame) -> list[str]:
+    """The default partition of a state's records: a file per layer; for a state of several
+    attention caches (iSWA: each numbers its layers from 0, so ``layer-0`` would mix model layers 0
+    and 5), a file per model layer where the model's map is known, else per cache and layer."""
+    attention = recs.filter(pl.col("kind").is_in(["k", "v"]))
+    if attention["cache"].n_unique() <= 1:
+        return ["layer"]
+    return ["model_layer"] if attention["model_layer"].null_count() == 0 else ["cache", "layer"]
 
 
 def _stats_frames(
@@ -218,11 +233,14 @@ def export_one(opts: _Options, commit: Commit, progress: Progress, path: str, re
         # the source as it was before reading: a change during the export makes the marker stale
         source = _source_id(real, opts.opening.storage_options)
         size = source["size"]
-        if _done(opts, commit, key, source):
+        signature = opts.signature(path)
+        if _done(commit, key, source, signature):
             return row
         staged = commit.stage(key)
         types: set[str] = set()
         with opts.opening.open(path) as d:
+            plan = d._live().value_plan()
+            width = None if plan is None or len(plan[1]) != 1 else plan[1][0]  # the values' width
             parts = [(opts.dest(staged, key, part), part, recs) for part, recs in _partitions(opts, d)]
             if opts.what == "values":  # in Rust, the partitions in parallel (kvfast.dataset.export_parquet)
                 written = export_parquet.write_values(d, [(p[0], p[2]) for p in parts], opts.dtype, advance)
@@ -238,10 +256,11 @@ def export_one(opts: _Options, commit: Commit, progress: Progress, path: str, re
                 row["files"] += files
         marker = {
             "source": source,
-            "options": opts.signature(),
+            "options": signature,
             "rows": row["rows"],
             "files": row["files"],
             "values": sorted(types),
+            "head_dim": width,
         }
         (staged / MARKER).write_text(json.dumps(marker))
         commit.publish(staged, key)
@@ -309,7 +328,7 @@ def plan_export(
     what: str,
     partition_by: Sequence[str],
     head_dim: int | None,
-    model: str | os.PathLike[str] | ModelGeometry | None,
+    model: Models,
     on_error: str,
     by: str,
     dtype: str | None,
@@ -326,19 +345,23 @@ def plan_export(
         raise ValueError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
     if dtype not in (None, "float32", "native"):
         raise ValueError(f"dtype must be None, 'float32' or 'native', not {dtype!r}")
-    bad = set(partition_by) - {"cache", "layer", "kind"}
-    if bad:
-        raise ValueError(f"partition_by takes cache, layer and kind, not {sorted(bad)}")
+    if tuple(partition_by) != ("auto",):
+        bad = set(partition_by) - {"cache", "layer", "model_layer", "kind"}
+        if bad:
+            raise ValueError(
+                f"partition_by takes 'auto', or cache, layer, model_layer and kind, not {sorted(bad)}"
+            )
     files = _unique(expand(paths, storage_options))
     opening = Opening(head_dim, model, rotation, pre_rope, storage_options)
-    geometry = opening.geometry()
+    models = {repr(opening.model_for(given)): given for given in files}
+    geometries = {m: opening.geometry(given) for m, given in models.items()}
     _check_layout(out)
     if pre_rope:
         _refuse_early(opening, next(iter(files)))
         dtype = "float32" if what == "values" and dtype is None else dtype
     if what == "values" and dtype is None:
         dtype = one_type(files, out, opening)
-    opts = _Options(out, what, by, tuple(partition_by), opening, geometry, dtype, hive)
+    opts = _Options(out, what, by, tuple(partition_by), opening, geometries, dtype, hive)
     return files, opts
 
 
@@ -359,10 +382,10 @@ def export(
     paths: Paths,
     out_dir: str | os.PathLike[str],
     what: str = "values",
-    partition_by: Sequence[str] = ("layer",),
+    partition_by: Sequence[str] = ("auto",),
     jobs: int | None = None,
     head_dim: int | None = None,
-    model: str | os.PathLike[str] | ModelGeometry | None = None,
+    model: Models = None,
     on_error: str = "fail",
     by: str = "cell",
     dtype: str | None = None,
@@ -377,8 +400,13 @@ def export(
     per state with its path, its id (``dump``, its folder's name), status ('written', 'skipped'
     when already exported and unchanged, 'failed'), rows, files and error.
 
-    Every file holds every column, partition keys included. ``hive=True`` puts each partition in
-    a ``key=value`` folder (``layer=3/``) instead of naming the file after it (``layer-3.parquet``).
+    Every file holds every column, partition keys included. ``partition_by=("auto",)`` (default):
+    a file per layer (``layer-3.parquet``), and for a state of several caches (iSWA) a file per
+    model layer where the model's layer map is known (``model_layer-5.parquet``), else per cache
+    and layer (``cache-1.layer-0.parquet``);
+    or name the keys (cache, layer, model_layer, kind; ``()``: one ``all.parquet``). ``hive=True``
+    puts each partition in a ``key=value`` folder (``model_layer=3/``) instead of naming the file
+    after it.
 
     The values' type: ``dtype=None`` (default) one type for the whole of OUT, so that every engine
     reads one schema: float16 (Parquet's FLOAT16) when every state is f16, else float32 (a warning
@@ -418,17 +446,20 @@ def export(
     n_jobs = max(1, jobs or os.cpu_count() or 1)
     todo = iter(files.items())
     with Commit(opts.out) as commit, ThreadPoolExecutor(max_workers=n_jobs) as pool:
-        running: set[Future[dict[str, Any]]] = set()
+        running: set[Future[tuple[dict[str, Any], list[KvfastWarning]]]] = set()
         while True:
             # no new state is started once one has failed with on_error="fail"
             while (
                 outcomes.failed is None and len(running) < n_jobs and (item := next(todo, None)) is not None
             ):
-                running.add(pool.submit(export_one, opts, commit, bar, *item))
+                running.add(pool.submit(holding, export_one, opts, commit, bar, *item))
             if not running:
                 break
             done, running = wait(running, return_when=FIRST_COMPLETED)
             for fut in done:
-                outcomes.add(fut.result())
+                row, kept = fut.result()
+                for w in kept:
+                    say(w)
+                outcomes.add(row)
     bar.close()
     return outcomes.report()

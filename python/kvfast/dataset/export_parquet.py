@@ -36,6 +36,13 @@ class Opened(Protocol):
 
     def _live(self) -> _kvfast.State: ...
 
+    def _reading(
+        self,
+        caches: Sequence[int] | None = None,
+        kinds: Sequence[str] | None = None,
+        stored: bool = False,
+    ) -> _kvfast.State: ...
+
 
 @functools.cache
 def _index_schema() -> bytes:
@@ -67,5 +74,5 @@ def write_values(
     # the dump and path columns, as dataset.name_columns gives them
     dump, path = dump_id(d.path), remote.real(d.path)
     return _kvfast.write_parquet(
-        d._live(), todo, dump, path, _index_schema(), advance, **{**SETTINGS, **settings}
+        d._reading(), todo, dump, path, _index_schema(), advance, **{**SETTINGS, **settings}
     )

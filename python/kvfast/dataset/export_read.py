@@ -5,10 +5,16 @@ one schema. An export with ``dtype="native"`` mixes float16 and float32 files, w
 differently (Polars refuses the second type, pyarrow silently casts every file to the first one's
 type, float32 values above 65504 becoming inf). :func:`export_schema` gives the one schema that
 holds every file (values float32 where any file has them), and :func:`scan_export` reads with it.
+
+An export of states of several models holds each state's values at its own width (its head size,
+recorded in the state's marker): such an export is one table per width, read with ``head_dim=``
+(:func:`scan_export`, :func:`export_schema`, and :func:`export_files` for any other engine); a plain
+glob reads it only where one width is all it holds.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -19,13 +25,38 @@ from kvfast.dataset.export_commit import MARKER
 from kvfast.dataset.export_recurrent import FOLDER as RECURRENT
 
 
-def export_files(out: str | os.PathLike[str]) -> list[str]:
+def _width(marker: Path) -> int | None:
+    try:
+        width = json.loads(marker.read_text()).get("head_dim")
+    except (OSError, ValueError):
+        return None
+    return width if isinstance(width, int) else None
+
+
+def widths(out: str | os.PathLike[str]) -> list[int]:
+    """The values' widths (head sizes) of the states published in `out`: an export of states of
+    several models holds each state's values at its own width."""
+    root = Path(out)
+    found = {
+        _width(state / MARKER)
+        for state in root.iterdir()
+        if state.is_dir() and not state.name.startswith(("_", ".")) and (state / MARKER).is_file()
+    }
+    return sorted(w for w in found if w is not None)
+
+
+def export_files(out: str | os.PathLike[str], head_dim: int | None = None) -> list[str]:
     """The Parquet files of the states published in `out` (never files being written: those of
-    the staging folder ``_kvfast/`` that an export falls back to when OUT is a mount point)."""
+    the staging folder ``_kvfast/`` that an export falls back to when OUT is a mount point);
+    ``head_dim``: of the states whose values have that width only (see :func:`widths`), the list
+    to hand any engine (``pl.scan_parquet(files)``, ``duckdb.read_parquet(files)``,
+    ``pyarrow.dataset.dataset(files)``, ``datasets.load_dataset("parquet", data_files=files)``)."""
     root = Path(out)
     files: list[str] = []
     for state in sorted(root.iterdir()):
         if state.is_dir() and not state.name.startswith(("_", ".")) and (state / MARKER).is_file():
+            if head_dim is not None and _width(state / MARKER) != head_dim:
+                continue
             # the recurrent part's values, of other widths, have a folder of their own
             # (kvfast.dataset.export_recurrent): not part of the value table
             files += sorted(
@@ -46,11 +77,23 @@ def _widest(schemas: list[pa.Schema]) -> pa.Schema:
     return pa.schema(fields)
 
 
-def export_schema(out: str | os.PathLike[str]) -> pa.Schema:
-    """One Arrow schema for every file of the export in `out`: a values column of float32 where
-    any file holds float32, float16 where all do. Pass it to pyarrow
-    (``pyarrow.dataset.dataset(OUT, format="parquet", schema=...)``, which pandas uses too)."""
-    files = export_files(out)
+def _one_width(out: str | os.PathLike[str], head_dim: int | None) -> list[str]:
+    """The files of the one width read: `head_dim`, or the only one there is."""
+    if head_dim is None:
+        several = widths(out)
+        if len(several) > 1:
+            raise ValueError(
+                f"{out} holds values of widths (head sizes) {several}, one table each: give head_dim="
+            )
+    return export_files(out, head_dim)
+
+
+def export_schema(out: str | os.PathLike[str], head_dim: int | None = None) -> pa.Schema:
+    """One Arrow schema for every file of the export in `out` (of values of width ``head_dim``
+    where it holds several): a values column of float32 where any file holds float32, float16
+    where all do. Pass it to pyarrow (``pyarrow.dataset.dataset(OUT, format="parquet",
+    schema=...)``, which pandas uses too)."""
+    files = _one_width(out, head_dim)
     if not files:
         raise FileNotFoundError(f"{out}: no exported state (no folder with a {MARKER} and Parquet files)")
     import pyarrow.parquet as pq  # here, not at import: `import kvfast` leaves Parquet out
@@ -58,12 +101,13 @@ def export_schema(out: str | os.PathLike[str]) -> pa.Schema:
     return _widest([pq.read_schema(f) for f in files])
 
 
-def scan_export(out: str | os.PathLike[str]) -> pl.LazyFrame:
+def scan_export(out: str | os.PathLike[str], head_dim: int | None = None) -> pl.LazyFrame:
     """The export in `out` as one Polars lazy frame (the states published when it is called),
-    whatever its ``dtype`` and layout: float16 files are read as float32 where others are."""
-    schema = pl.Schema(pl.from_arrow(export_schema(out).empty_table()).schema)  # type: ignore[union-attr]
+    whatever its ``dtype`` and layout: float16 files are read as float32 where others are. An
+    export of states of several head sizes is one table per width: give ``head_dim``."""
+    schema = pl.Schema(pl.from_arrow(export_schema(out, head_dim).empty_table()).schema)  # type: ignore[union-attr]
     return pl.scan_parquet(
-        export_files(out),
+        export_files(out, head_dim),
         schema=schema,
         hive_partitioning=False,
         cast_options=pl.ScanCastOptions(float_cast="upcast"),

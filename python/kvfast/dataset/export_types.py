@@ -8,12 +8,11 @@ from their markers (``values``: the types of their files; older markers, from th
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 from kvfast.dataset.export_commit import MARKER
-from kvfast.dataset.states import dump_id, values_schema
-from kvfast.errors import KvfastError
+from kvfast.dataset.states import dump_id, value_types
+from kvfast.errors import KvfastError, warn
 from kvfast.read.opening import Opening
 from kvfast.read.state import State
 
@@ -41,18 +40,18 @@ def one_type(files: dict[str, str], out: Path, opening: Opening) -> str | None:
     """The values type of a whole export (``dtype=None``): float16 (None) when every state of
     this run and every other state already in `out` is f16, else ``"float32"``."""
     dumps = [d for d in (_try_open(f, opening) for f in files) if d is not None]
-    dtype = values_schema(dumps)[1] if dumps else None
+    dtype = None if not dumps or value_types(dumps)[0] else "float32"
     for dd in dumps:
         dd.close()
     others = _types_in(out, {dump_id(real) for real in files.values()})
     if dtype is None and "float32" in others:
         return "float32"  # join the float32 states already there: one type in OUT
     if dtype == "float32" and "float16" in others:
-        warnings.warn(
-            f"{out} already holds float16 states and these need float32: its files now mix the two,"
+        warn(
+            "it already holds float16 states and these need float32: its files now mix the two,"
             " which some engines read wrongly (pyarrow casts every file to the first one's type). Read"
             " it with kvfast.scan_export, or export every state again with dtype='float32'.",
-            stacklevel=3,
+            about=str(out),
         )
     return dtype
 

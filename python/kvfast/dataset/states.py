@@ -26,7 +26,7 @@ import polars as pl
 from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Mode
 from kvfast.read import remote, schema
-from kvfast.read.opening import Opening
+from kvfast.read.opening import Models, Opening
 from kvfast.read.state import State, open
 
 STATE_SUFFIXES = (".bin", ".ggsq", ".ggsn", ".state", ".session", ".slot")
@@ -41,10 +41,18 @@ Paths = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
 def expand(paths: Paths, storage_options: remote.StorageOptions = None) -> list[str]:
-    """Paths, glob patterns and directories (their state files), as a list of files in order; URLs
-    (``s3://bucket/prefix/``, ``s3://bucket/runs/*.ggsq``) as the objects they name, listed with
-    ``storage_options`` (see :mod:`kvfast.read.remote`): open them with the same ones (an
-    :class:`~kvfast.read.opening.Opening`'s)."""
+    """Paths, glob patterns and directories, as a list of state files in order.
+
+    - A directory: the state files (:data:`STATE_SUFFIXES`) in it and in every folder below it
+      (hidden files and folders, and kvfast's own ``_kvfast`` folders, left out), sorted by path.
+    - A glob (``runs/**/*``, recursive ``**``): the files it matches, in order; directories, hidden
+      files and files that are plainly no state (:data:`NOT_STATES`: manifests, Parquet, models,
+      pictures) are skipped.
+    - A path: itself, whatever its name.
+    - URLs (``s3://bucket/prefix/``, ``s3://bucket/runs/*.ggsq``) as the objects they name, listed
+      with ``storage_options`` (see :mod:`kvfast.read.remote`): open them with the same ones (an
+      :class:`~kvfast.read.opening.Opening`'s).
+    """
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     found: list[str] = []
     for item in items:
@@ -54,14 +62,36 @@ def expand(paths: Paths, storage_options: remote.StorageOptions = None) -> list[
             continue
         p = remote.local_path(p)
         if os.path.isdir(p):
-            found += [str(f) for f in sorted(Path(p).iterdir()) if f.is_file() and f.suffix in STATE_SUFFIXES]
+            found += _states_below(Path(p))
         elif any(c in p for c in "*?[") and not os.path.exists(p):
-            found += sorted(glob.glob(p, recursive=True))
+            found += [f for f in sorted(glob.glob(p, recursive=True)) if _may_be_state(Path(f))]
         else:
             found.append(p)
     if not found:
         raise FileNotFoundError(f"no state files in {paths!r}")
     return found
+
+
+#: Files a glob matches that are plainly no state: skipped (a path given by name is always read).
+NOT_STATES = frozenset(
+    {".json", ".jsonl", ".parquet", ".gguf", ".png", ".svg", ".pdf", ".txt", ".md", ".csv"}
+)
+
+
+def _may_be_state(f: Path) -> bool:
+    return f.is_file() and not f.name.startswith(".") and f.suffix.lower() not in NOT_STATES
+
+
+def _states_below(root: Path) -> list[str]:
+    """The state files in `root` and every folder below it, sorted by path (symbolic links to
+    folders are not followed: no cycles)."""
+    out: list[str] = []
+    for here, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        out += [
+            os.path.join(here, f) for f in files if not f.startswith(".") and Path(f).suffix in STATE_SUFFIXES
+        ]
+    return sorted(out)
 
 
 def dump_id(path: str | os.PathLike[str]) -> str:
@@ -117,7 +147,7 @@ def record_frame(
 ) -> pl.DataFrame:
     """One record's value table (``values``: with the values column, counted in :data:`READS`) with
     the dump and path columns, in :data:`INDEX_SCHEMA`'s column order."""
-    stream = d._live().table(
+    stream = (d._reading([cache], [kind]) if values else d._live()).table(
         caches=[cache],
         layers=[layer],
         kinds=[kind],
@@ -155,16 +185,26 @@ def open_all(paths: list[str], opening: Opening) -> list[tuple[str, State]]:
     return [(p, opening.open(p)) for p in paths]
 
 
-def values_schema(dumps: list[State]) -> tuple[pl.DataType, str | None]:
-    """The values column's type over every dump: Float16 when every record is f16 (and read as
-    stored: keys before RoPE are f32), else Float32; each state's part is the core's table plan."""
+def value_types(dumps: list[State]) -> tuple[bool, set[int]]:
+    """Whether every record of the dumps reads as float16 (as stored: keys before RoPE are f32),
+    and the values' widths (head sizes) they have; each state's part is the core's table plan."""
     plans = [p for p in (d._live().value_plan() for d in dumps) if p is not None]
-    all_f16 = all(name == "float16" for name, _ in plans)
-    dims = {hd for _, hds in plans for hd in hds}
+    return all(name == "float16" for name, _ in plans), {hd for _, hds in plans for hd in hds}
+
+
+def values_schema(dumps: list[State]) -> tuple[pl.DataType, str | None]:
+    """The values column's type over every dump: Float16 when every record is f16, else Float32,
+    of the one width the dumps' values have."""
+    all_f16, dims = value_types(dumps)
     if not dims:
         dims.add(1)  # no K or V at all (recurrent models): an empty value table
     if len(dims) != 1:
-        raise ValueError(f"the states have different head sizes {sorted(dims)}: give head_dim or model")
+        raise ValueError(
+            f"the states' values have different widths (head sizes) {sorted(dims)}, and a scan is one"
+            " table of one width: scan each model's states apart, or export them all (kvfast.export"
+            " keeps each state's width; kvfast.scan_export(OUT, head_dim=...) reads one). Where a head"
+            " size is unknown, give head_dim or model."
+        )
     inner = pl.Float16() if all_f16 else pl.Float32()
     return pl.Array(inner, dims.pop()), None if all_f16 else "float32"
 
@@ -172,7 +212,7 @@ def values_schema(dumps: list[State]) -> tuple[pl.DataType, str | None]:
 def scan(
     paths: Paths,
     head_dim: int | None = None,
-    model: str | os.PathLike[str] | ModelGeometry | None = None,
+    model: Models = None,
     rotation: Mode = "auto",
     pre_rope: bool = False,
     storage_options: remote.StorageOptions = None,
@@ -295,7 +335,7 @@ def scan_stats(
     paths: Paths,
     by: str = "cell",
     head_dim: int | None = None,
-    model: str | os.PathLike[str] | ModelGeometry | None = None,
+    model: Models = None,
     rotation: Mode = "auto",
     pre_rope: bool = False,
     storage_options: remote.StorageOptions = None,

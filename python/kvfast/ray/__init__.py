@@ -13,7 +13,6 @@ Rows come in no set order across tasks: sort them for a stable one.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import polars as pl
@@ -22,12 +21,11 @@ import ray
 import ray.data
 
 from kvfast.dataset import states as dataset
-from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Mode
 from kvfast.ray import plan
 from kvfast.ray.exporting import export
 from kvfast.ray.source import StatesSource, Work
-from kvfast.read.opening import Opening
+from kvfast.read.opening import Models, Opening
 from kvfast.read.state import State
 
 __all__ = ["export", "read_states", "stats", "to_polars"]
@@ -40,7 +38,7 @@ def _open(paths: dataset.Paths, how: Opening) -> list[tuple[str, State]]:
 def read_states(
     paths: dataset.Paths,
     head_dim: int | None = None,
-    model: str | os.PathLike[str] | ModelGeometry | None = None,
+    model: Models = None,
     columns: list[str] | None = None,
     filter: pl.Expr | None = None,
     *,
@@ -90,7 +88,7 @@ def stats(
     paths: dataset.Paths,
     by: str = "cell",
     head_dim: int | None = None,
-    model: str | os.PathLike[str] | ModelGeometry | None = None,
+    model: Models = None,
     filter: pl.Expr | None = None,
     *,
     dump: Any = None,

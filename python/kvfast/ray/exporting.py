@@ -25,9 +25,9 @@ from kvfast.dataset.export import Outcomes, export_one, plan_export, source_size
 from kvfast.dataset.export_commit import Commit
 from kvfast.dataset.export_progress import Progress
 from kvfast.dataset.states import Paths
-from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Mode
 from kvfast.ray.plan import where
+from kvfast.read.opening import Models
 
 
 def _one(opts: Any, path: str, real: str) -> dict[str, Any]:
@@ -41,9 +41,9 @@ def export(
     paths: Paths,
     out_dir: str | os.PathLike[str],
     what: str = "values",
-    partition_by: Sequence[str] = ("layer",),
+    partition_by: Sequence[str] = ("auto",),
     head_dim: int | None = None,
-    model: str | os.PathLike[str] | ModelGeometry | None = None,
+    model: Models = None,
     on_error: str = "fail",
     by: str = "cell",
     dtype: str | None = None,

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import numpy as np
     import numpy.typing as npt
 
@@ -62,3 +64,10 @@ class OpenState(Protocol):
     @property
     def _model_layers(self) -> list[list[int] | None]: ...
     def _live(self) -> _kvfast.State: ...
+
+    def _reading(
+        self,
+        caches: Sequence[int] | None = None,
+        kinds: Sequence[str] | None = None,
+        stored: bool = False,
+    ) -> _kvfast.State: ...

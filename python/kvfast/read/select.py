@@ -150,3 +150,39 @@ def selection(
     if heads is not None:
         hs = _unique("heads", [non_negative("head", h) for h in _listed("heads", heads)])
     return Selection(cs, ls, ks, hs)
+
+
+def by_model_layer(
+    caches_of: list[Cache],
+    model_layers: Sequence[int],
+    layers: Sequence[int] | None = None,
+    caches: Sequence[int] | None = None,
+) -> list[tuple[list[int], list[int]]]:
+    """The (caches, layers) selections that hold exactly the model layers asked for: one per
+    cache that holds any (an iSWA model's model layer 5 may be its second cache's layer 0, where
+    ``layers=[0]`` would name model layers 0 and 5 together). Raises SelectionError for a model
+    layer the state does not hold, or a state whose model-layer map is unknown."""
+    if layers is not None or caches is not None:
+        raise SelectionError("give model_layers, or layers and caches, not both")
+    want = _unique(
+        "model_layers", [non_negative("model_layer", m) for m in _listed("model_layers", model_layers)]
+    )
+    found: dict[int, list[int]] = {}
+    held: set[int] = set()
+    unknown = False
+    for c in caches_of:
+        for ly in max(c.streams, key=lambda s: len(s.layers)).layers if c.streams else []:
+            if ly.model_layer is None:
+                unknown = True
+                continue
+            held.add(ly.model_layer)
+            if ly.model_layer in want:
+                found.setdefault(c.index, []).append(ly.index)
+    if unknown and not held:
+        raise SelectionError("model_layers: the state's model-layer map is not known: give model= (the GGUF)")
+    missing = sorted(set(want) - held)
+    if missing:
+        raise SelectionError(
+            f"model_layers: the state holds no model layer {missing} (it holds {sorted(held)})"
+        )
+    return [([c], sorted(ls)) for c, ls in sorted(found.items())]

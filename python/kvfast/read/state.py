@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -15,7 +14,7 @@ import polars as pl
 from kvfast import _kvfast
 from kvfast.analysis import measure as analysis
 from kvfast.analysis.measure import By
-from kvfast.errors import ClosedError, RotationWarning, SelectionError
+from kvfast.errors import ClosedError, RotationWarning, SelectionError, warn
 from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Mode, Rotation
 from kvfast.probe import manifest as probe_manifest
@@ -99,8 +98,8 @@ class State:
         partial = info["partial"]
         self._partial = None if partial is None else Partial(partial[0], list(partial[1]))
         self._rotation = [Rotation(**r) for r in info["rotation"]]
-        if info["rotation_warning"] is not None:
-            warnings.warn(info["rotation_warning"], RotationWarning, stacklevel=3)
+        # said once, when values are first read (opening, info and layout read none)
+        self._rotation_warning: str | None = info["rotation_warning"]
         #: Whether K values are read before RoPE (``pre_rope=True``; see :mod:`kvfast.pre_rope`).
         self.pre_rope = pre_rope
 
@@ -135,6 +134,35 @@ class State:
         if self._state is None:
             raise ClosedError(f"{self.path}: the dump is closed")
         return self._state
+
+    def _reading(
+        self,
+        caches: Sequence[int] | None = None,
+        kinds: Sequence[str] | None = None,
+        stored: bool = False,
+    ) -> _kvfast.State:
+        """The open state, for a pass that reads the values of `caches` and `kinds` (None: all):
+        the first such pass that reads a cache kvfast could not be sure how llama.cpp stored warns
+        (RotationWarning), once per state."""
+        state = self._live()
+        if self._rotation_warning is not None and not stored:
+            unsure = [
+                r
+                for r in self._rotation
+                if not r.certain
+                and (caches is None or r.cache in caches)
+                and (kinds is None or r.kind in kinds)
+            ]
+            if unsure:
+                text, self._rotation_warning = self._rotation_warning, None
+                # the evidence differs from state to state; what is undecided, and the advice, do not
+                said, sep, evidence = text.partition(" Evidence: ")
+                detail = None
+                if sep:
+                    evidence, dot, advice = evidence.partition(". ")
+                    said, detail = f"{said} {advice}".strip(), f"Evidence: {evidence}{dot}".strip()
+                warn(said, RotationWarning, about=self.path, detail=detail)
+        return state
 
     def _get(self, key: str) -> Any:
         self._live()
@@ -407,12 +435,13 @@ class State:
         ``pre_rope=True`` (float32); ``stored=True`` gives them as stored.
         ``stream=None`` takes the first stream that holds cells.
         """
-        state = self._live()
+        self._live()
         rec = record_ref(self._caches, cache, layer, kind, stream, self._recurrent)
         if rec.kind in select.RECURRENT_KINDS and self._recurrent is not None:
             ci = self._recurrent.index
         else:
             ci = 0 if cache is None else select.integer("cache", cache)
+        state = self._reading([ci], [rec.kind], stored)
         buf, name, n_embd, cells, _ = state.rows(ci, rec.stream.index, layer, rec.kind, dtype, stored)
         arr: npt.NDArray[Any] = np.frombuffer(memoryview(buf), dtype=np.dtype(name).newbyteorder("<"))
         return arr.reshape(cells, n_embd)
@@ -433,7 +462,7 @@ class State:
             caches=caches,
             recurrent=self._recurrent,
         )
-        return self._live().table(
+        return self._reading(sel.caches, sel.kinds).table(
             caches=sel.caches,
             layers=sel.layers,
             kinds=sel.kinds,
@@ -447,6 +476,7 @@ class State:
         kinds: Sequence[str] | None = None,
         heads: Sequence[int] | None = None,
         dtype: str | None = None,
+        model_layers: Sequence[int] | None = None,
     ) -> pa.Table:
         """The long value table: one row per (cache, stream, layer, kind, cell, seq_id, head).
 
@@ -455,10 +485,13 @@ class State:
         ``kinds=None`` reads K and V; the recurrent part's rows are ``kinds=["r"]`` and ``["s"]``
         (cache: the part's index, one row per sequence's cell, head 0: the row is not split, each
         kind its own width, so select one at a time). An MLA cache's K rows are one head.
+        ``model_layers``: the model's layers instead of ``layers`` (an iSWA state's caches each
+        number their own layers from 0; the model's map is needed, see ``model=``).
         """
         import pyarrow as pa
 
-        return pa.table(self._table(layers, kinds, heads, dtype))
+        parts = analysis.parts(self, layers, None, model_layers)
+        return pa.concat_tables([pa.table(self._table(ls, kinds, heads, dtype, cs)) for cs, ls in parts])
 
     def to_polars(
         self,
@@ -467,10 +500,12 @@ class State:
         heads: Sequence[int] | None = None,
         dtype: str | None = None,
         tokens: bool = False,
+        model_layers: Sequence[int] | None = None,
     ) -> pl.DataFrame:
         """:meth:`to_arrow` as a Polars DataFrame (values: ``Array(Float16 | Float32, head_dim)``);
         ``tokens=True`` adds each cell's ``token`` and ``piece`` (see :meth:`cell_tokens`)."""
-        df = pl.DataFrame(self._table(layers, kinds, heads, dtype))
+        parts = analysis.parts(self, layers, None, model_layers)
+        df = pl.concat([pl.DataFrame(self._table(ls, kinds, heads, dtype, cs)) for cs, ls in parts])
         return self._with_tokens(df) if tokens else df
 
     def _with_tokens(self, df: pl.DataFrame) -> pl.DataFrame:
@@ -484,6 +519,8 @@ class State:
         kinds: Sequence[str] | str | None = None,
         skip_first: int = 0,
         tokens: bool = False,
+        model_layers: Sequence[int] | None = None,
+        caches: Sequence[int] | None = None,
     ) -> pl.DataFrame:
         """Statistics computed in Rust, streamed over the map with the GIL released.
 
@@ -501,8 +538,10 @@ class State:
 
         ``tokens=True`` (with ``by="cell"``) adds each cell's ``token`` and ``piece``.
         ``skip_first=N`` leaves out cells at positions < N (attention sinks). std is ddof = 0.
+        ``model_layers``: the model's layers instead of ``layers`` (see :meth:`to_arrow`);
+        ``caches``: only these caches (an iSWA state has two).
         """
-        df = analysis.stats(self, by, layers, kinds, skip_first)
+        df = analysis.stats(self, by, layers, kinds, skip_first, caches, model_layers)
         return self._with_tokens(df) if tokens and by == "cell" else df
 
     def quant_error(
@@ -513,11 +552,15 @@ class State:
         kinds: Sequence[str] | str | None = None,
         skip_first: int = 0,
         rotate: bool = True,
+        model_layers: Sequence[int] | None = None,
     ) -> pl.DataFrame:
         """What a cache of ``type`` (q8_0, q4_0, ...) would lose: each row is quantized and
         dequantized with ggml's reference quantizer (bit-exact) in Rust; per (cache, layer, kind,
-        head) or per layer: mse, max_abs, rel (||x - q(x)|| / ||x||) and cosine."""
-        return analysis.quant_error(self, type, by, layers, kinds, skip_first, rotate)
+        head) or per layer: mse, max_abs, rel (||x - q(x)|| / ||x||) and cosine. ``model_layers``:
+        the model's layers instead of ``layers`` (see :meth:`to_arrow`)."""
+        return analysis.quant_error(
+            self, type, by, layers, kinds, skip_first, rotate, model_layers=model_layers
+        )
 
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
         """The value table through the Arrow PyCapsule interface (pyarrow, Polars, DuckDB)."""

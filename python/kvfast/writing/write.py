@@ -297,7 +297,7 @@ def write(
     ext_tokens = first.tokens.tolist() if first.tokens is not None and len(sources) == 1 else None
     return int(
         _kvfast.write_state(
-            [d._live() for d in sources],
+            [d._reading() for d in sources],
             edits,
             os.fspath(path),
             {
