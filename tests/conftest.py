@@ -1,7 +1,13 @@
 import json
+import os
 from pathlib import Path
 
+import polars as pl
 import pytest
+
+import kvfast
+from kvfast.dataset import INDEX_SCHEMA
+from kvfast.read.schema import GGML_TYPE
 
 DATA = Path(__file__).parent / "data"
 # Folders written through the C API (probe.json lists their sequences); llama-server's slot saves
@@ -37,3 +43,40 @@ def proc_status_kb(key: str) -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1])
     raise KeyError(key)
+
+
+def dataset_table(d: kvfast.State, **kw) -> pl.DataFrame:
+    """What a scan or an export holds of the open state `d`: its value table (``to_polars(**kw)``)
+    with dump and path, each row's token and piece as ``to_polars(tokens=True)`` joins them, and
+    its layer's K and V types from the state's layout (``layer.k_type``, ``layer.v_type``), in
+    the columns' order of scans and exports."""
+    df = d.to_polars(tokens=True, **kw)
+    types = pl.DataFrame(
+        [(c.index, ly.index, ly.k_type, ly.v_type) for c in d.caches for s in c.streams for ly in s.layers],
+        schema={"cache": pl.UInt8, "layer": pl.UInt16, "k_type": GGML_TYPE, "v_type": GGML_TYPE},
+        orient="row",
+    ).unique(["cache", "layer"])
+    df = df.join(types, on=["cache", "layer"], how="left", maintain_order="left")
+    real = os.path.realpath(d.path)
+    df = df.with_columns(dump=pl.lit(kvfast.dump_id(real)), path=pl.lit(real))
+    return df.select([*INDEX_SCHEMA, *(["values"] if "values" in df.columns else [])])
+
+
+def model_with_vocab(path: Path, pieces: list[str], tokenizer: str = "llama") -> None:
+    """tiny-qwen3's geometry with a vocabulary (``tokenizer.ggml.tokens``) of `pieces`."""
+    import gguf
+
+    src = gguf.GGUFReader(DATA / "models/tiny-qwen3.gguf")
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    for field in src.fields.values():
+        if field.name.startswith("qwen3."):
+            v = field.contents()
+            if isinstance(v, int):
+                w.add_uint32(field.name, v)
+            elif isinstance(v, float):
+                w.add_float32(field.name, v)
+    w.add_tokenizer_model(tokenizer)
+    w.add_token_list(pieces)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pyarrow.dataset as pads
 import pytest
-from conftest import DATA
+from conftest import DATA, dataset_table
 from polars.testing import assert_frame_equal
 
 import kvfast
@@ -24,9 +24,8 @@ def eager(paths: list[str], **kw) -> pl.DataFrame:
     frames = []
     for p in paths:
         with kvfast.open(p, head_dim=32) as d:
-            df = d.to_polars(**kw)
-            frames.append(df.with_columns(dump=pl.lit(kvfast.dump_id(p)), path=pl.lit(os.path.realpath(p))))
-    return pl.concat(frames).select(["dump", "path", *frames[0].columns[:-2]])
+            frames.append(dataset_table(d, **kw))
+    return pl.concat(frames)
 
 
 def test_scan_equals_concatenated_to_polars() -> None:

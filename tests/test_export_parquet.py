@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
-from conftest import DATA
+from conftest import DATA, dataset_table
 from polars.testing import assert_frame_equal
 
 import kvfast
@@ -25,14 +25,10 @@ KEY = ["dump", "cache", "stream", "layer", "kind", "cell", "seq_id", "head"]
 
 
 def want(path: str, dtype: str | None = None, head_dim: int = 32) -> pl.DataFrame:
-    """What an export of `path` must hold: the state's own value table, with its dump and path."""
+    """What an export of `path` must hold: the state's own value table, with its dump and path,
+    its layer's cache types and its cells' tokens."""
     with kvfast.open(path, head_dim=head_dim) as d:
-        df = d.to_polars(dtype=dtype)
-    real = os.path.realpath(path)
-    names = [pl.lit(dump_id(real)).alias("dump"), pl.lit(real).alias("path")]
-    return df.with_columns(names).select(
-        ["dump", "path", *[c for c in df.columns if c not in ("dump", "path")]]
-    )
+        return dataset_table(d, dtype=dtype)
 
 
 def values_of(df: pl.DataFrame) -> np.ndarray:

@@ -21,7 +21,9 @@ SEQ = DATA / "qwen3tiny-f16-fa" / "seq-0.ggsq"
 GEOMETRY = ModelGeometry.from_gguf(DATA / "models" / "tiny-qwen3.gguf")
 
 
-def _row(state: str | None, whole: str | None = None, pieces: list[str] | None = None) -> dict[str, object]:
+def manifest_row(
+    state: str | None, whole: str | None = None, pieces: list[str] | None = None
+) -> dict[str, object]:
     g = GEOMETRY
     return {
         "prompt_id": state or whole,
@@ -63,7 +65,7 @@ def test_200_states_beside_one_manifest_read_it_once(tmp_path: Path, reads: list
     names = [f"p{i:05d}.ggsq" for i in range(200)]
     for n in names:
         shutil.copy(SEQ, tmp_path / n)
-    pl.DataFrame([_row(n, pieces=[f"piece of {n}"]) for n in names]).write_parquet(
+    pl.DataFrame([manifest_row(n, pieces=[f"piece of {n}"]) for n in names]).write_parquet(
         tmp_path / probe_manifest.NAME
     )
     for n in names:
@@ -79,9 +81,9 @@ def test_200_states_beside_one_manifest_read_it_once(tmp_path: Path, reads: list
 def test_a_rewritten_manifest_is_read_again(tmp_path: Path, reads: list[str]) -> None:
     shutil.copy(SEQ, tmp_path / "a.ggsq")
     man = tmp_path / probe_manifest.NAME
-    pl.DataFrame([_row("other.ggsq")]).write_parquet(man)
+    pl.DataFrame([manifest_row("other.ggsq")]).write_parquet(man)
     assert kvfast.open(tmp_path / "a.ggsq").head_dim_k is None
-    pl.DataFrame([_row("a.ggsq"), _row("other.ggsq")]).write_parquet(man)
+    pl.DataFrame([manifest_row("a.ggsq"), manifest_row("other.ggsq")]).write_parquet(man)
     os.utime(man, ns=(1, 1))  # whatever the clock's resolution: another modification time
     assert kvfast.open(tmp_path / "a.ggsq").head_dim_k == GEOMETRY.head_dim_k
     assert len(reads) == 2
@@ -89,7 +91,7 @@ def test_a_rewritten_manifest_is_read_again(tmp_path: Path, reads: list[str]) ->
 
 def test_a_whole_state_gets_the_geometry_but_not_the_pieces(tmp_path: Path, reads: list[str]) -> None:
     shutil.copy(SEQ, tmp_path / "batch.state")
-    pl.DataFrame([_row("s.ggsq", whole="batch.state", pieces=["x"])]).write_parquet(
+    pl.DataFrame([manifest_row("s.ggsq", whole="batch.state", pieces=["x"])]).write_parquet(
         tmp_path / probe_manifest.NAME
     )
     found = probe_manifest.recorded_for(tmp_path / "batch.state")
@@ -104,8 +106,8 @@ def test_a_whole_state_gets_the_geometry_but_not_the_pieces(tmp_path: Path, read
         # another tool's, with state columns (open raised KeyError on it once)
         pl.DataFrame({"state": ["a.ggsq"], "whole_state": ["b.state"], "score": [0.5]}),
         pl.DataFrame({"state": [1], "whole_state": [2]}),  # a state column of numbers
-        pl.DataFrame([{**_row("a.ggsq"), "head_dim_k": "32"}]),  # every column, one of another type
-        pl.DataFrame([{**_row("a.ggsq"), "n_head_kv": None}]),
+        pl.DataFrame([{**manifest_row("a.ggsq"), "head_dim_k": "32"}]),  # every column, one of another type
+        pl.DataFrame([{**manifest_row("a.ggsq"), "n_head_kv": None}]),
     ],
     ids=["no-geometry", "numbers", "string-head-dim", "null-heads"],
 )
@@ -128,7 +130,7 @@ def test_not_parquet_and_no_manifest(tmp_path: Path, reads: list[str]) -> None:
 
 def test_given_a_head_size_the_manifest_is_not_read(tmp_path: Path, reads: list[str]) -> None:
     shutil.copy(SEQ, tmp_path / "a.ggsq")
-    pl.DataFrame([_row("a.ggsq")]).write_parquet(tmp_path / probe_manifest.NAME)
+    pl.DataFrame([manifest_row("a.ggsq")]).write_parquet(tmp_path / probe_manifest.NAME)
     assert kvfast.open(tmp_path / "a.ggsq", head_dim=16).head_dim_k == 16
     assert kvfast.open(tmp_path / "a.ggsq", model=GEOMETRY).head_dim_k == GEOMETRY.head_dim_k
     assert reads == []
@@ -136,7 +138,7 @@ def test_given_a_head_size_the_manifest_is_not_read(tmp_path: Path, reads: list[
 
 def test_opening_does_not_import_the_probe_runner(tmp_path: Path) -> None:
     shutil.copy(SEQ, tmp_path / "a.ggsq")
-    pl.DataFrame([_row("a.ggsq")]).write_parquet(tmp_path / probe_manifest.NAME)
+    pl.DataFrame([manifest_row("a.ggsq")]).write_parquet(tmp_path / probe_manifest.NAME)
     code = (
         "import sys, kvfast\n"
         f"d = kvfast.open({str(tmp_path / 'a.ggsq')!r})\n"

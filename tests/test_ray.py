@@ -138,6 +138,12 @@ def test_ray_filters_narrow_the_plan() -> None:
     assert pushed._work.sel.records is not None and pushed is not src
     rows = src.apply_predicate(col("head") == 0)
     assert rows._work.sel.index_only and len(rows.tasks(1000)) == len(src.tasks(1000))
+    # the cache types are record columns: a state of other types is never planned
+    q8 = str(DATA / "qwen3tiny-q8_0-fa/seq-0.bin")
+    typed = plan.plan(_states([SHARED[0], q8]), plan.selection(pl.col("k_type") == "q8_0", {}), False, 1)
+    assert set(typed.records["dump"]) == {kvfast.dump_id(q8)} and typed.records.height == 4
+    tokens = plan.selection(pl.col("token").is_null(), {})
+    assert tokens.records is None and tokens.index_only
     assert src.apply_predicate((col("pos") + 1) > 2) is src  # arithmetic: left to Ray
     assert src.apply_predicate(col("nope") == 1) is src
     assert str(to_polars(col("seq_id").is_null() | col("pos").not_in([1, 2]))) == str(

@@ -9,6 +9,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from conftest import model_with_vocab
 from quants import hadamard
 
 import kvfast
@@ -162,24 +163,6 @@ def test_show_prints_stored_numbers_and_the_model_basis(capsys: pytest.CaptureFi
     assert "rotation undone" not in capsys.readouterr().out
 
 
-def _model_with_vocab(path: Path, pieces: list[str], tokenizer: str) -> None:
-    """tiny-qwen3's geometry with a vocabulary."""
-    src = gguf.GGUFReader(DATA / "models/tiny-qwen3.gguf")
-    w = gguf.GGUFWriter(str(path), "qwen3")
-    for field in src.fields.values():
-        if field.name.startswith("qwen3."):
-            v = field.contents()
-            if isinstance(v, int):
-                w.add_uint32(field.name, v)
-            elif isinstance(v, float):
-                w.add_float32(field.name, v)
-    w.add_tokenizer_model(tokenizer)
-    w.add_token_list(pieces)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.close()
-
-
 @pytest.mark.parametrize("tokenizer", ["llama", "gpt2"])
 def test_token_pieces_from_the_models_vocabulary(tmp_path: Path, tokenizer: str) -> None:
     # more entries than the metadata reader keeps of other arrays, so the vocabulary path is taken
@@ -187,7 +170,7 @@ def test_token_pieces_from_the_models_vocabulary(tmp_path: Path, tokenizer: str)
     pieces[68] = "\u2581cat" if tokenizer == "llama" else "\u0120cat"
     pieces[32] = "<0x41>"
     model = tmp_path / "vocab.gguf"
-    _model_with_vocab(model, pieces, tokenizer)
+    model_with_vocab(model, pieces, tokenizer)
     seq = json.loads((DATA / "qwen3tiny-f16-fa/probe.json").read_text())["seqs"][0]
     with kvfast.open(DATA / "qwen3tiny-f16-fa/seq-0.ggsq", model=model) as d:
         toks = d.cell_tokens()
@@ -211,7 +194,7 @@ def test_heatmap_labels_cells_with_pieces(tmp_path: Path) -> None:
 
     pieces = [f"w{i}" for i in range(300)]
     model = tmp_path / "vocab.gguf"
-    _model_with_vocab(model, pieces, "llama")
+    model_with_vocab(model, pieces, "llama")
     with kvfast.open(DATA / "qwen3tiny-f16-fa/seq-0.ggsq", model=model) as d:
         fig = plot.heatmap(d, 0)
         labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]

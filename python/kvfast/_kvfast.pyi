@@ -172,6 +172,8 @@ def write_parquet(
     dump: str,
     path: str,
     index_schema: bytes,
+    tokens: list[tuple[int, int, list[int], list[int]]],
+    pieces: list[str],
     advance: Callable[[int], object],
     zstd: int | None = None,
     split: bool = False,

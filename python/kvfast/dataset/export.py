@@ -82,6 +82,8 @@ class _Options:
             "rotation": self.opening.rotation,
             "layout": "hive" if self.hive else "files",
             **({"pre_rope": True} if self.opening.pre_rope else {}),
+            # the value table's columns: a state exported before a column was added is stale
+            **({"columns": list(INDEX_SCHEMA)} if self.what == "values" else {}),
         }
 
     def dest(self, staged: Path, key: str, part: dict[str, Any]) -> Path:

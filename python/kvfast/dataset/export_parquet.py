@@ -8,6 +8,11 @@ tens of MB/s for float16; the files hold the schema Polars would write (the inde
 :data:`kvfast.dataset.INDEX_SCHEMA`, values a ``fixed_size_list`` of float16, Parquet's FLOAT16, or
 float32), read alike by Polars, pyarrow and DuckDB. README's export benchmark gives what each
 encoding tried gave.
+
+The columns of :data:`kvfast.dataset.states.ADDED_SCHEMA` are written in the same pass: the
+layer's K and V types by Rust from the state's layout, each row's token and piece looked up by
+(cache, stream, cell) in the state's :meth:`~kvfast.read.state.State.cell_tokens`, handed over
+once as an array of (token, piece key) per stream and a dictionary of the state's pieces.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ class Opened(Protocol):
 
     def _live(self) -> _kvfast.State: ...
 
+    def cell_tokens(self) -> pl.DataFrame: ...
+
     def _reading(
         self,
         caches: Sequence[int] | None = None,
@@ -49,6 +56,27 @@ def _index_schema() -> bytes:
     """The index columns' Arrow schema as Polars hands them to a writer (Arrow IPC): the files hold
     these types, with their metadata, as if Polars had written the frame."""
     return bytes(pl.DataFrame(schema=INDEX_SCHEMA).to_arrow().schema.serialize().to_pybytes())
+
+
+def tokens_by_cell(d: Opened) -> tuple[list[tuple[int, int, list[int], list[int]]], list[str]]:
+    """The state's cells' tokens as the writer takes them: per (cache, stream), each cell's token
+    and the index of its piece in the list of the state's distinct pieces (-1: not known), and
+    that list (:meth:`State.cell_tokens`'s mapping, not another)."""
+    toks = d.cell_tokens()
+    pieces = toks["piece"].drop_nulls().unique(maintain_order=True)
+    keyed = toks.join(
+        pl.DataFrame({"piece": pieces, "key": pl.int_range(pieces.len(), dtype=pl.Int32, eager=True)}),
+        on="piece",
+        how="left",
+        maintain_order="left",
+    ).with_columns(pl.col("token", "key").fill_null(-1))
+    per_stream = [
+        (c, s, group["token"].to_list(), group["key"].to_list())
+        for (c, s), group in keyed.sort("cache", "stream", "cell", maintain_order=True).group_by(
+            "cache", "stream", maintain_order=True
+        )
+    ]
+    return per_stream, pieces.to_list()
 
 
 def write_values(
@@ -73,6 +101,7 @@ def write_values(
     ]
     # the dump and path columns, as dataset.name_columns gives them
     dump, path = dump_id(d.path), remote.real(d.path)
+    tokens, pieces = tokens_by_cell(d)
     return _kvfast.write_parquet(
-        d._reading(), todo, dump, path, _index_schema(), advance, **{**SETTINGS, **settings}
+        d._reading(), todo, dump, path, _index_schema(), tokens, pieces, advance, **{**SETTINGS, **settings}
     )

@@ -66,10 +66,18 @@ def export_files(out: str | os.PathLike[str], head_dim: int | None = None) -> li
 
 
 def _widest(schemas: list[pa.Schema]) -> pa.Schema:
-    first = schemas[0]
+    """Every column of any of the schemas (the first's order, a column only later files have before
+    the values: states exported before a column was added lack it), values float32 where any file
+    has them so."""
+    names = list(schemas[0].names)
+    for s in schemas[1:]:
+        for name in s.names:
+            if name not in names:
+                names.insert(names.index("values") if "values" in names else len(names), name)
     fields = []
-    for field in first:
-        types = {s.field(field.name).type for s in schemas if field.name in s.names}
+    for name in names:
+        field = next(s.field(name) for s in schemas if name in s.names)
+        types = {s.field(name).type for s in schemas if name in s.names}
         if len(types) > 1 and pa.types.is_fixed_size_list(field.type):
             inner = field.type.value_field.with_type(pa.float32())
             field = field.with_type(pa.list_(inner, field.type.list_size))
@@ -90,9 +98,11 @@ def _one_width(out: str | os.PathLike[str], head_dim: int | None) -> list[str]:
 
 def export_schema(out: str | os.PathLike[str], head_dim: int | None = None) -> pa.Schema:
     """One Arrow schema for every file of the export in `out` (of values of width ``head_dim``
-    where it holds several): a values column of float32 where any file holds float32, float16
-    where all do. Pass it to pyarrow (``pyarrow.dataset.dataset(OUT, format="parquet",
-    schema=...)``, which pandas uses too)."""
+    where it holds several): every column any file has (the index columns of
+    :data:`kvfast.dataset.INDEX_SCHEMA`, ``k_type``, ``v_type``, ``token`` and ``piece`` included;
+    a file written before one was added reads it as null), and a values column of float32 where
+    any file holds float32, float16 where all do. Pass it to pyarrow
+    (``pyarrow.dataset.dataset(OUT, format="parquet", schema=...)``, which pandas uses too)."""
     files = _one_width(out, head_dim)
     if not files:
         raise FileNotFoundError(f"{out}: no exported state (no folder with a {MARKER} and Parquet files)")
@@ -111,4 +121,5 @@ def scan_export(out: str | os.PathLike[str], head_dim: int | None = None) -> pl.
         schema=schema,
         hive_partitioning=False,
         cast_options=pl.ScanCastOptions(float_cast="upcast"),
+        missing_columns="insert",  # null in a file written before the column was added
     )

@@ -3,9 +3,10 @@
 `scan` registers a Polars IO source. Polars hands it the projection, the predicate, the row limit
 and a batch size, and does not re-apply the predicate nor the limit: this source applies both
 exactly. The predicate is pushed down as far as its columns allow:
-- only dump / path / cache / layer / model_layer / kind: records that fail it are never read;
-- index columns too (stream, cell, pos, seq_id, head): each record's index is built and filtered
-  first (no value bytes), and a record with no row left is never read;
+- only dump / path / cache / layer / model_layer / kind / k_type / v_type: records that fail it are
+  never read;
+- index columns too (stream, cell, pos, seq_id, head, token, piece): each record's index is built
+  and filtered first (no value bytes), and a record with no row left is never read;
 - values: every record of the dumps left is read, then filtered.
 A projection without `values` reads no value bytes at all.
 """
@@ -16,6 +17,7 @@ import glob
 import hashlib
 import os
 import re
+import weakref
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,11 +30,27 @@ from kvfast.model.rotation import Mode
 from kvfast.read import remote, schema
 from kvfast.read.opening import Models, Opening
 from kvfast.read.state import State, open
+from kvfast.read.tokens import cell_tokens
 
 STATE_SUFFIXES = (".bin", ".ggsq", ".ggsn", ".state", ".session", ".slot")
-RECORD_COLS = frozenset({"dump", "path", "cache", "layer", "model_layer", "kind"})
-INDEX_COLS = RECORD_COLS | {"stream", "cell", "pos", "seq_id", "head"}
-INDEX_SCHEMA: dict[str, pl.DataType] = {k: v for k, v in schema.INDEX.items() if k != "channel"}
+#: The columns scans and exports add to a state's value table (besides dump and path): the ggml
+#: types of the row's layer's K and V records, one value a record (null where the layer has none:
+#: an MLA cache's V; both for the recurrent part, whose R and S are no K or V cache), and the token
+#: its cell holds and the text it stands for, as :meth:`State.cell_tokens` maps them (null where
+#: not known; ``piece`` from ``model=``'s GGUF vocabulary or a probe manifest's recorded pieces).
+ADDED_SCHEMA: dict[str, pl.DataType] = {
+    "k_type": schema.GGML_TYPE,
+    "v_type": schema.GGML_TYPE,
+    "token": pl.Int32(),
+    "piece": pl.String(),
+}
+RECORD_COLS = frozenset({"dump", "path", "cache", "layer", "model_layer", "kind", "k_type", "v_type"})
+INDEX_COLS = RECORD_COLS | {"stream", "cell", "pos", "seq_id", "head", "token", "piece"}
+#: The index columns of scans and exports, in order (values follow).
+INDEX_SCHEMA: dict[str, pl.DataType] = {
+    **{k: v for k, v in schema.INDEX.items() if k != "channel"},
+    **ADDED_SCHEMA,
+}
 
 #: Records and value bytes read by scans in this process (to see pushdown at work).
 READS: Counter[str] = Counter()
@@ -123,11 +141,19 @@ def model_geometry(model: str | os.PathLike[str] | ModelGeometry | None) -> Mode
 def records(d: State, kinds: Sequence[str] = ("k", "v")) -> pl.DataFrame:
     """The state's records of ``kinds`` as kvfast-core lists them, one row per (cache, layer, kind)
     with every stream's bytes summed: the record columns (dump, path, cache, layer, model_layer,
-    kind), then ``type``, ``n_embd`` (values per cell) and ``nbytes``."""
+    kind, k_type, v_type: the types of the layer's K and V records), then ``type`` (the record's
+    own), ``n_embd`` (values per cell) and ``nbytes``."""
     recs = pl.DataFrame(d._live().records())
+    for kind in ("k", "v"):  # the layer's K and V types on each of its records
+        types = recs.filter(pl.col("kind") == kind).select(
+            "cache", "layer", pl.col("type").alias(f"{kind}_type")
+        )
+        recs = recs.join(types, on=["cache", "layer"], how="left", maintain_order="left")
     recs = recs.filter(pl.col("kind").is_in(list(kinds)))
     names = [pl.lit(v, pl.String()).alias(k) for k, v in name_columns(d).items()]
-    cols = [pl.col(k).cast(INDEX_SCHEMA[k]) for k in ("cache", "layer", "model_layer", "kind")]
+    cols = [
+        pl.col(k).cast(INDEX_SCHEMA[k]) for k in ("cache", "layer", "model_layer", "kind", "k_type", "v_type")
+    ]
     return recs.select(*names, *cols, "type", "n_embd", "nbytes")
 
 
@@ -142,11 +168,46 @@ def record_bytes(d: State, cache: int, layer: int, kind: str) -> int:
     return int(recs["nbytes"].sum())
 
 
+class _Added:
+    """What a state's records add to their rows (:data:`ADDED_SCHEMA`): the types of each (cache,
+    layer) and the cells' tokens, made once per open state (a scan reads many records of it)."""
+
+    def __init__(self, d: State) -> None:
+        recs = records(d, ("k", "v", "r", "s"))
+        self.types = {
+            (c, ly): (k, v) for c, ly, k, v in recs.select("cache", "layer", "k_type", "v_type").iter_rows()
+        }
+        self.tokens = cell_tokens(d).drop("pos")
+
+
+_ADDED: weakref.WeakKeyDictionary[State, _Added] = weakref.WeakKeyDictionary()
+
+
+def _added(d: State) -> _Added:
+    found = _ADDED.get(d)
+    if found is None:
+        found = _ADDED[d] = _Added(d)
+    return found
+
+
+def added_columns(d: State, cache: int, layer: int, df: pl.DataFrame) -> pl.DataFrame:
+    """`df`, rows of one (cache, layer) of `d` with cache, stream and cell columns, with the
+    columns of :data:`ADDED_SCHEMA` (the same as :meth:`State.to_polars` with ``tokens=True``
+    gives token and piece)."""
+    added = _added(d)
+    k_type, v_type = added.types.get((cache, layer), (None, None))
+    toks = added.tokens.filter(pl.col("cache") == cache)
+    return df.with_columns(
+        k_type=pl.lit(k_type, schema.GGML_TYPE), v_type=pl.lit(v_type, schema.GGML_TYPE)
+    ).join(toks, on=["cache", "stream", "cell"], how="left", maintain_order="left")
+
+
 def record_frame(
     d: State, cache: int, layer: int, kind: str, dtype: str | None, values: bool
 ) -> pl.DataFrame:
     """One record's value table (``values``: with the values column, counted in :data:`READS`) with
-    the dump and path columns, in :data:`INDEX_SCHEMA`'s column order."""
+    the dump and path columns and those of :data:`ADDED_SCHEMA`, in :data:`INDEX_SCHEMA`'s column
+    order."""
     stream = (d._reading([cache], [kind]) if values else d._live()).table(
         caches=[cache],
         layers=[layer],
@@ -158,7 +219,7 @@ def record_frame(
         READS["records"] += 1
         READS["bytes"] += record_bytes(d, cache, layer, kind)
     df = pl.DataFrame(stream).with_columns(**{k: pl.lit(v, pl.String()) for k, v in name_columns(d).items()})
-    return df.select([*INDEX_SCHEMA, *(["values"] if values else [])])
+    return added_columns(d, cache, layer, df).select([*INDEX_SCHEMA, *(["values"] if values else [])])
 
 
 def batches(
@@ -218,7 +279,8 @@ def scan(
     storage_options: remote.StorageOptions = None,
 ) -> pl.LazyFrame:
     """The value table of every state as one lazy frame, with ``dump`` (the state's stable id,
-    :func:`dump_id`) and ``path`` (its real path) columns.
+    :func:`dump_id`) and ``path`` (its real path) columns, and those of :data:`ADDED_SCHEMA`: the
+    layer's ``k_type`` and ``v_type``, the cell's ``token`` and ``piece``.
 
     Opening reads metadata only; rows are read when the query runs, and only those the projection
     and the predicate need (see the module's doc). Values are in the basis ``rotation`` chooses

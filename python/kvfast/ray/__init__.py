@@ -59,7 +59,7 @@ def read_states(
     ``filter`` is a Polars expression over its columns, as in ``scan``; each keyword selection
     (``layer=1``, ``kind="k"``, ``head=[0, 1]``, ``seq_id``, ``dump``...) keeps rows whose column
     is one of the values. Both are pushed down as ``scan`` pushes its predicate: on dump / cache /
-    layer / model_layer / kind no task is planned for another record (one layer of a thousand
+    layer / model_layer / kind / k_type / v_type no task is planned for another record (one layer of a thousand
     states reads that layer's bytes only); on the index columns a record's index is filtered before
     its values are read. ``columns`` chooses the columns (``Dataset.select_columns`` is pushed down
     too). A task takes at least ``task_bytes`` of values (64 MiB; a whole state when it holds

@@ -3,9 +3,10 @@ read task takes, and which predicate each task applies to its rows.
 
 The selections and the predicate are those of :func:`kvfast.scan`: keyword selections (one value or
 a list per column) and ``filter=``, a Polars expression. What can choose whole records (dump, path,
-cache, layer, model_layer, kind) is applied here, so a task is never planned for a record no row of
-which is wanted; the rest (stream, cell, pos, seq_id, head, values) is applied by the task, to each
-record's index before its values are read where it can (as ``scan`` does).
+cache, layer, model_layer, kind, k_type, v_type) is applied here, so a task is never planned for a
+record no row of which is wanted; the rest (stream, cell, pos, seq_id, head, token, piece, values)
+is applied by the task, to each record's index before its values are read where it can (as
+``scan`` does).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class Task:
 
 
 #: The columns of a plan's records.
-_RECORD_KEYS = ("dump", "path", "cache", "layer", "model_layer", "kind")
+_RECORD_KEYS = ("dump", "path", "cache", "layer", "model_layer", "kind", "k_type", "v_type")
 
 
 def _record_table(at: str, d: State) -> pl.DataFrame:

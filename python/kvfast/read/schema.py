@@ -16,6 +16,10 @@ from kvfast import _kvfast
 #: kvfast-core's record kinds (k, v, r, s), one byte each.
 KIND = pl.Enum(_kvfast.KINDS)
 
+#: The ggml types a KV cache can hold, in kvfast-core's order (f32, f16, bf16, q8_0, q4_0, ...):
+#: the ``k_type`` and ``v_type`` columns of scans and exports, one byte each.
+GGML_TYPE = pl.Enum(list(_kvfast.ggml_types()))
+
 _POLARS: dict[str, pl.DataType] = {
     "string": pl.String(),
     "uint8": pl.UInt8(),

@@ -11,6 +11,10 @@
 //! their bytes split in planes (BYTE_STREAM_SPLIT). The files hold the same schema (Arrow's, in
 //! the `ARROW:schema` metadata, and Parquet's: FLOAT16 or FLOAT elements of an optional list) as
 //! the Polars frames written before, so every reader sees the same table.
+//!
+//! The columns an export adds to the value table are written in the same pass: `dump` and `path`
+//! (one value a call), `k_type` and `v_type` (one a record), `token` and `piece` (by cell:
+//! [`crate::export_columns`]).
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -27,7 +31,7 @@ use bytes::Bytes;
 use kvfast_core::model::layer_map::LayerMap;
 use kvfast_core::plan::select::Selection;
 use kvfast_core::plan::table_plan::Dtype;
-use kvfast_core::State;
+use kvfast_core::{GgmlType, State};
 use parquet::arrow::arrow_writer::{compute_leaves, ArrowRowGroupWriterFactory};
 use parquet::arrow::{add_encoded_arrow_schema_to_metadata, ArrowSchemaConverter};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
@@ -40,6 +44,7 @@ use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedW
 use parquet::schema::types::ColumnDescPtr;
 
 use crate::error::{Error, Result};
+use crate::export_columns::{type_column, CellTokens};
 use crate::table::{each_batch, TableRequest, VALUES};
 
 /// How the values column is written (export's choice is the default; the benchmark tries others).
@@ -55,11 +60,14 @@ pub struct Settings {
     pub row_group_bytes: usize,
 }
 
-/// One record of a partition: its selection (cache, layer, kind) and its bytes in the state (for
-/// progress).
+/// One record of a partition: its selection (cache, layer, kind), its bytes in the state (for
+/// progress), and the ggml types of its layer's K and V records (the `k_type` and `v_type`
+/// columns; None: the layer has no such record, as an MLA cache's V or the recurrent part's).
 pub struct Rec {
     pub sel: Selection,
     pub nbytes: u64,
+    pub k_type: Option<GgmlType>,
+    pub v_type: Option<GgmlType>,
 }
 
 /// One partition: its file, its records, the values' type.
@@ -78,6 +86,8 @@ pub struct Shared<'a> {
     /// The `dump` and `path` columns' one value.
     pub dump: &'a str,
     pub path: &'a str,
+    /// The `token` and `piece` columns' values by cell.
+    pub tokens: &'a CellTokens,
     /// The index columns' types as the file holds them (dump and path first; Python's schema).
     pub index: SchemaRef,
     pub settings: Settings,
@@ -149,7 +159,7 @@ pub fn write_part<E: From<Error>>(
                     .into());
                 }
                 if b.num_rows() > 0 {
-                    rows += o.write(&b, sh).map_err(|e| os_error(dest, e))? as u64;
+                    rows += o.write(&b, sh, rec).map_err(|e| os_error(dest, e))? as u64;
                 }
                 Ok(())
             },
@@ -233,21 +243,43 @@ impl FileOut {
         }
     }
 
-    /// One row group of `batch` (the value table's columns); the rows written.
+    /// One row group of `batch` (the value table's columns of `rec`); the rows written.
     fn write(
         &mut self,
         batch: &RecordBatch,
         sh: &Shared<'_>,
+        rec: &Rec,
     ) -> std::result::Result<usize, ParquetError> {
         let n = batch.num_rows();
         if n == 0 {
             return Ok(0);
         }
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
+        let mut tokens: Option<(ArrayRef, ArrayRef)> = None;
         for f in self.schema.fields() {
             columns.push(match f.name().as_str() {
                 "dump" => strings(f.data_type(), &[sh.dump], &vec![0; n])?,
                 "path" => strings(f.data_type(), &[sh.path], &vec![0; n])?,
+                "k_type" => type_column(f.data_type(), rec.k_type, n)?,
+                "v_type" => type_column(f.data_type(), rec.v_type, n)?,
+                name @ ("token" | "piece") => {
+                    let (token, piece) = match &tokens {
+                        Some(t) => t.clone(),
+                        None => {
+                            let ty = self
+                                .schema
+                                .field_with_name("piece")
+                                .map(|p| p.data_type().clone())
+                                .unwrap_or(DataType::Utf8);
+                            tokens.insert(sh.tokens.columns(batch, &ty)?).clone()
+                        }
+                    };
+                    if name == "token" {
+                        token
+                    } else {
+                        piece
+                    }
+                }
                 name => {
                     let c = batch.column_by_name(name).ok_or_else(|| {
                         ParquetError::General(format!("the value table has no column {name}"))

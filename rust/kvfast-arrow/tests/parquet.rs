@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Float16Type, Float32Type, UInt16Type, UInt32Type, UInt8Type};
+use arrow_array::types::{Float16Type, Float32Type, Int32Type, UInt16Type, UInt32Type, UInt8Type};
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use kvfast_arrow::export_columns::{layer_types, CellTokens};
 use kvfast_arrow::parquet::{check_zstd, write_part, Part, Rec, Settings, Shared};
 use kvfast_arrow::table::{batches, TableRequest};
 use kvfast_arrow::Error;
@@ -39,7 +40,8 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// The index columns as kvfast's Python side gives them (what Polars hands a writer): dump and
-/// path first, strings as views, every field nullable, kind's enumeration metadata kept.
+/// path first, strings as views, every field nullable, kind's enumeration metadata kept, then
+/// the columns an export adds (the cache types a dictionary, token and piece).
 fn index_schema(sf: &State) -> SchemaRef {
     let (table, _) = batches(sf, &request(sf, Dtype::Stored, false), None).unwrap();
     let mut fields = vec![
@@ -55,6 +57,11 @@ fn index_schema(sf: &State) -> SchemaRef {
         };
         fields.push(Field::new(f.name(), ty, true).with_metadata(f.metadata().clone()));
     }
+    let types = DataType::Dictionary(Box::new(DataType::UInt8), Box::new(DataType::Utf8View));
+    fields.push(Field::new("k_type", types.clone(), true));
+    fields.push(Field::new("v_type", types, true));
+    fields.push(Field::new("token", DataType::Int32, true));
+    fields.push(Field::new("piece", DataType::Utf8View, true));
     Arc::new(Schema::new_with_metadata(fields, HashMap::new()))
 }
 
@@ -90,7 +97,13 @@ fn records(sf: &State, base: &Selection) -> Vec<Rec> {
             let nbytes = jobs(&sf.layout, &sel)
                 .map(|js| js.iter().map(|j| j.rec.data_len).sum())
                 .unwrap_or(0);
-            out.push(Rec { sel, nbytes });
+            let (k_type, v_type) = layer_types(&sf.layout, 0, layer);
+            out.push(Rec {
+                sel,
+                nbytes,
+                k_type,
+                v_type,
+            });
         }
     }
     out
@@ -108,10 +121,22 @@ fn settings(row_group_bytes: usize) -> Settings {
 /// What a partition's write gave: rows written and the values' type.
 type Written = Result<(u64, Option<&'static str>), Error>;
 
+/// Tokens of the fixture's stream 0 of cache 0: cell i holds token 100 + i, and piece "p<i>" but
+/// the last cell's, unknown.
+fn tokens(sf: &State) -> CellTokens {
+    let n = sf.layout.caches[0].streams[0].cell_count as i32;
+    CellTokens {
+        cells: [((0, 0), (0..n).map(|i| (100 + i, i)).collect())].into(),
+        pieces: (0..n - 1).map(|i| format!("p{i}")).collect(),
+    }
+}
+
 /// Write `part`, counting the progress calls and their bytes.
 fn write(sf: &State, part: &Part, settings: Settings) -> (Written, usize, u64) {
+    let toks = tokens(sf);
     let shared = Shared {
         sf,
+        tokens: &toks,
         model_layers: layer_map(&sf.layout, None).unwrap(),
         seq_default: sf.layout.own_seq(),
         dump: "dump-1",
@@ -230,6 +255,13 @@ fn check_same_rows(file: &[RecordBatch], table: &[RecordBatch]) {
             .collect()
     };
     assert_eq!(kinds(file), kinds(table));
+    check_added_columns(
+        &col(file, "k_type"),
+        &col(file, "v_type"),
+        &col(file, "token"),
+        &col(file, "piece"),
+        &col(file, "cell"),
+    );
     let got: Vec<f32> = col(file, "values")
         .iter()
         .flat_map(|a| floats(a.as_ref()))
@@ -243,6 +275,52 @@ fn check_same_rows(file: &[RecordBatch], table: &[RecordBatch]) {
         .iter()
         .zip(&want)
         .all(|(g, w)| g.to_bits() == w.to_bits()));
+}
+
+/// The fixture's types (f16 K and V) on every row; each row's token and piece its cell's (as
+/// [`tokens`] gives them), the last cell's piece null.
+fn check_added_columns(
+    k: &[Arc<dyn Array>],
+    v: &[Arc<dyn Array>],
+    token: &[Arc<dyn Array>],
+    piece: &[Arc<dyn Array>],
+    cell: &[Arc<dyn Array>],
+) {
+    let words = |a: &Arc<dyn Array>| -> Vec<String> {
+        let d = a.as_dictionary::<UInt8Type>();
+        let words = strings(d.values().as_ref()); // the file's dictionary: the words it uses
+        assert_eq!(d.null_count(), 0);
+        d.keys()
+            .values()
+            .iter()
+            .map(|&k| words[k as usize].clone())
+            .collect()
+    };
+    for types in [k, v] {
+        assert!(types.iter().flat_map(words).all(|t| t == "f16"));
+    }
+    let cells: Vec<u32> = cell
+        .iter()
+        .flat_map(|a| a.as_primitive::<UInt32Type>().values().to_vec())
+        .collect();
+    let tokens: Vec<Option<i32>> = token
+        .iter()
+        .flat_map(|a| a.as_primitive::<Int32Type>().iter().collect::<Vec<_>>())
+        .collect();
+    let pieces: Vec<Option<String>> = piece
+        .iter()
+        .flat_map(|a| {
+            a.as_string_view()
+                .iter()
+                .map(|s| s.map(str::to_string))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let last = cells.iter().max().copied().unwrap();
+    for ((c, t), p) in cells.iter().zip(&tokens).zip(&pieces) {
+        assert_eq!(*t, Some(100 + *c as i32));
+        assert_eq!(*p, (*c < last).then(|| format!("p{c}")));
+    }
 }
 
 #[test]
@@ -278,11 +356,15 @@ fn a_partition_read_back_holds_the_value_table_one_row_group_per_record() {
             "pos",
             "seq_id",
             "head",
+            "k_type",
+            "v_type",
+            "token",
+            "piece",
             "values"
         ]
     );
-    let DataType::FixedSizeList(item, 32) = schema.field(11).data_type() else {
-        panic!("values: {}", schema.field(11).data_type())
+    let DataType::FixedSizeList(item, 32) = schema.field(15).data_type() else {
+        panic!("values: {}", schema.field(15).data_type())
     };
     assert_eq!(
         (item.name().as_str(), item.data_type()),
@@ -423,8 +505,10 @@ fn the_progress_callback_error_stops_the_write() {
         records: records(&sf, &selection(32, 32)),
         dtype: Dtype::Stored,
     };
+    let toks = CellTokens::default();
     let shared = Shared {
         sf: &sf,
+        tokens: &toks,
         model_layers: layer_map(&sf.layout, None).unwrap(),
         seq_default: None,
         dump: "d",

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use kvfast_arrow::export_columns::{layer_types, CellTokens};
 use kvfast_arrow::parquet::{check_zstd, write_part, Part, Rec, Settings, Shared};
 use kvfast_core::plan::select::{jobs, Selection};
 use kvfast_core::plan::table_plan::{out_type, Dtype, Out};
@@ -18,10 +19,12 @@ use crate::state::{parse_kind, PyState};
 /// file for a partition of no record), in parallel; `advance(nbytes)` is called (with the GIL)
 /// after each record with its bytes in the state. `dtype` of a partition: None (as stored),
 /// "float32", or "native" (as stored where every record of the partition reads as float16, else
-/// float32). Returns, per partition, the rows written and the values' type ("float16" or
-/// "float32"; None when no file was written).
+/// float32). `tokens` and `pieces` give the `token` and `piece` columns: per (cache, stream), each
+/// cell's token and its piece's index in `pieces` (negative: not known); `k_type` and `v_type`
+/// are each record's layer's types. Returns, per partition, the rows written and the values'
+/// type ("float16" or "float32"; None when no file was written).
 #[pyfunction]
-#[pyo3(signature = (state, parts, dump, path, index_schema, advance, zstd=None, split=false, page_bytes=1048576, row_group_bytes=67108864))]
+#[pyo3(signature = (state, parts, dump, path, index_schema, tokens, pieces, advance, zstd=None, split=false, page_bytes=1048576, row_group_bytes=67108864))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn write_parquet(
     py: Python<'_>,
@@ -30,6 +33,8 @@ pub fn write_parquet(
     dump: String,
     path: String,
     index_schema: Vec<u8>,
+    tokens: Vec<(u8, u8, Vec<i32>, Vec<i32>)>,
+    pieces: Vec<String>,
     advance: Py<PyAny>,
     zstd: Option<i32>,
     split: bool,
@@ -62,9 +67,12 @@ pub fn write_parquet(
                 .iter()
                 .all(|j| out_type(j.rec.ty, Dtype::Stored, j.transform()) == Out::F16);
             st.ready(py, &sf, &sel)?; // a remote state: its rows fetched first
+            let (k_type, v_type) = layer_types(&sf.layout, cache, layer);
             records.push(Rec {
                 sel,
                 nbytes: js.iter().map(|j| j.rec.data_len).sum(),
+                k_type,
+                v_type,
             });
         }
         let dtype = match dtype.as_deref() {
@@ -80,8 +88,18 @@ pub fn write_parquet(
             dtype,
         });
     }
+    let tokens = CellTokens {
+        cells: tokens
+            .into_iter()
+            .map(|(cache, stream, token, piece)| {
+                ((cache, stream), token.into_iter().zip(piece).collect())
+            })
+            .collect(),
+        pieces,
+    };
     let shared = Shared {
         sf: &sf,
+        tokens: &tokens,
         model_layers: sf.model_layers.clone(),
         seq_default: sf.layout.own_seq(),
         dump: &dump,
