@@ -36,6 +36,7 @@ def layer_frames(src):
         s = d.caches[0].streams[0]
         heads = s.layers[0].n_embd_k // 128
         real = os.path.realpath(path)
+        toks = d.cell_tokens().filter(cache=0, stream=0)
         for ly in s.layers:
             frames = []
             for kind, off, n in (("k", ly.k_offset, ly.n_embd_k), ("v", ly.v_offset, ly.n_embd_v)):
@@ -45,8 +46,10 @@ def layer_frames(src):
                     "dump": kvfast.dump_id(real), "path": real, "cache": 0, "stream": 0, "layer": ly.index,
                     "model_layer": ly.index, "kind": kind, "cell": cells, "pos": s.pos[cells], "seq_id": 0,
                     "head": np.tile(np.arange(heads, dtype=np.int32), s.cell_count),
+                    "k_type": ly.k_type, "v_type": ly.v_type,
+                    "token": toks["token"].gather(cells), "piece": toks["piece"].gather(cells),
                     "values": pl.Series(vals).cast(pl.Array(pl.Float16, 128)),
-                }).cast(INDEX_SCHEMA))
+                }).cast(INDEX_SCHEMA).select(*INDEX_SCHEMA, "values"))
             part = os.path.join(out, kvfast.dump_id(real))
             os.makedirs(part, exist_ok=True)
             yield frames, os.path.join(part, f"layer-{ly.index}.parquet")

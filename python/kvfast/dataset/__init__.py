@@ -4,6 +4,7 @@ re-exported here, so ``kvfast.dataset.READS`` and the like keep their names), th
 :mod:`.export_recurrent`, :mod:`.export_types`) and reading an export back (:mod:`.export_read`)."""
 
 from kvfast.dataset.states import (
+    ADDED_SCHEMA,
     INDEX_COLS,
     INDEX_SCHEMA,
     READS,
@@ -21,6 +22,7 @@ from kvfast.dataset.states import (
 )
 
 __all__ = [
+    "ADDED_SCHEMA",
     "INDEX_COLS",
     "INDEX_SCHEMA",
     "READS",
