@@ -361,7 +361,9 @@ def test_null_flags_are_refused_and_a_state_can_be_written_over_itself(tmp_path:
     with kvfast.open(src) as d:
         with pytest.raises(kvfast.WriteError, match="null"):
             kvfast.write(d, tmp_path / "x", keep=pl.col("piece") != "a")
-        kvfast.write(d, src, keep=pl.col("pos") >= 2)
+        with pytest.raises(kvfast.OutputError, match="is the file this write reads"):
+            kvfast.write(d, src, keep=pl.col("pos") >= 2)
+        kvfast.write(d, src, keep=pl.col("pos") >= 2, replace=True)
     with kvfast.open(src) as e:
         assert e.caches[0].streams[0].pos.tolist() == [2, 3, 4, 5, 6]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.ggsq"]

@@ -124,6 +124,21 @@ class RemoteError(KvfastError, OSError):
         return str(self.strerror)
 
 
+class OutputError(KvfastError, OSError):
+    """kvfast does not write a file at this path (see :mod:`kvfast.writing.output`): it names no
+    regular file and no new one (a folder, a device, a FIFO, a socket, an empty path, a folder that
+    does not exist), it is an input of the write (unless ``replace=True``), or a probe manifest
+    beside it describes it. An ``OSError`` with ``filename`` the path; the message says why and
+    what to do instead."""
+
+    kind = "output"
+    offset = None
+    field = "path"
+
+    def __str__(self) -> str:
+        return f"{self.filename or repr(self.filename)}: {self.strerror}"
+
+
 class MatchError(KvfastError, ValueError):
     """Two states cannot be compared: different caches, layers, row sizes or positions."""
 

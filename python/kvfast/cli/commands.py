@@ -20,6 +20,7 @@ from kvfast.cli.args import BROKEN_PIPE, USAGE, non_negative_int
 from kvfast.errors import ProbeCrashError
 from kvfast.read import ggml, memory
 from kvfast.read.state import State
+from kvfast.writing import output
 
 
 def _describe(dump: State) -> dict[str, Any]:
@@ -139,10 +140,23 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _emit(df: pl.DataFrame, args: argparse.Namespace) -> None:
-    if args.output:
-        df.write_parquet(args.output)
-        print(f"wrote {df.height} rows to {args.output}")
+def _checked(args: argparse.Namespace, inputs: Sequence[str]) -> list[str]:
+    """The inputs of a command with ``-o``, its output path checked before any work (see
+    :mod:`kvfast.writing.output`)."""
+    if args.output is not None:  # -o "" is refused, not taken for no -o
+        output.target(args.output, inputs=inputs)
+    return list(inputs)
+
+
+def _write_parquet(df: pl.DataFrame, args: argparse.Namespace, inputs: Sequence[str]) -> None:
+    with output.replacing(args.output, inputs=inputs) as tmp:
+        df.write_parquet(tmp)
+    print(f"wrote {df.height} rows to {args.output}")
+
+
+def _emit(df: pl.DataFrame, args: argparse.Namespace, inputs: Sequence[str]) -> None:
+    if args.output is not None:
+        _write_parquet(df, args, inputs)
     elif args.json:
         print((df if args.rows is None else df.head(args.rows)).write_json())
     else:
@@ -151,6 +165,7 @@ def _emit(df: pl.DataFrame, args: argparse.Namespace) -> None:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
+    inputs = _checked(args, [args.path])
     with cli_views.open_state(args.path, args) as dump:
         df = dump.stats(
             by=args.by,
@@ -160,11 +175,12 @@ def _cmd_stats(args: argparse.Namespace) -> int:
             model_layers=args.model_layers,
             caches=args.caches,
         )
-    _emit(df, args)
+    _emit(df, args, inputs)
     return 0
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
+    inputs = _checked(args, [args.a, args.b])
     with cli_views.open_state(args.a, args) as a, cli_views.open_state(args.b, args) as b:
         df = kvfast.compare(
             a,
@@ -176,7 +192,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
             caches=args.caches,
             model_layers=args.model_layers,
         )
-    _emit(df, args)
+    _emit(df, args, inputs)
     return 0
 
 
@@ -211,10 +227,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_manifest(args: argparse.Namespace) -> int:
+    inputs = _checked(args, args.states)
     df = kvfast.manifest(args.states)
-    if args.output:
-        df.write_parquet(args.output)
-        print(f"wrote {df.height} rows to {args.output}")
+    if args.output is not None:
+        _write_parquet(df, args, inputs)
     elif args.json:
         print((df if args.rows is None else df.head(args.rows)).write_json())
     else:

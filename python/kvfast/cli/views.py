@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 import kvfast
 from kvfast.cli.args import non_negative_int, positive_int
 from kvfast.plot.scale import parse_cells
 from kvfast.read import hexview
+from kvfast.writing import output
 
 
 def geometry_options(p: argparse.ArgumentParser, many: bool = False) -> None:
@@ -104,16 +106,25 @@ def _cmd_addr(args: argparse.Namespace) -> int:
     return 0
 
 
+def _save(fig: Any, args: argparse.Namespace) -> None:
+    """The figure written at ``-o`` (see :mod:`kvfast.writing.output`), in the format its suffix
+    names (PNG when it names none)."""
+    fmt = os.path.splitext(args.output)[1].lstrip(".").lower() or "png"
+    with output.replacing(args.output, inputs=args.paths) as tmp:
+        fig.savefig(tmp, dpi=args.dpi, format=fmt)
+
+
 def _cmd_plot(args: argparse.Namespace) -> int:
     from kvfast.plot import figures as plot
 
+    output.target(args.output, inputs=args.paths)
     fig: Any
     if args.what == "diff":
         if len(args.paths) != 2:
             raise ValueError("kvfast plot diff takes two states: A B")
         with open_state(args.paths[0], args) as a, open_state(args.paths[1], args) as b:
             fig = plot.diff(a, b, scale=args.scale)
-            fig.savefig(args.output, dpi=args.dpi)
+            _save(fig, args)
     else:
         if len(args.paths) != 1:
             raise ValueError(f"kvfast plot {args.what} takes one state")
@@ -135,7 +146,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
                 )
             else:
                 fig = plot.stats(d, outlier=args.outlier, skip_first=args.skip_first)
-            fig.savefig(args.output, dpi=args.dpi)
+            _save(fig, args)
     print(f"wrote {args.output}")
     return 0
 

@@ -37,6 +37,7 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
         "cache_type_v": args.ctv,
         "rotate": not args.no_rotate,
         "v_trans": None if args.fa is None else args.fa == "off",
+        "replace": args.replace,
     }
 
 
@@ -57,7 +58,17 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="the state to read")
-    p.add_argument("-o", "--output", required=True, help="the state to write")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="the state to write: a new file or a regular file replaced (never a folder, a device or a FIFO)",
+    )
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="let -o be the state read, replaced once the new one is whole (refused without it)",
+    )
     p.add_argument("--model", help="a GGUF model: head sizes (for the rotation of quantized types), arch")
     p.add_argument("--head-dim", type=int, help="values per head, when no model is given")
     p.add_argument(

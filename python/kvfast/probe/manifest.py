@@ -135,6 +135,16 @@ def _geometry(row: dict[str, Any]) -> ModelGeometry | None:
     )
 
 
+def describing(path: str | os.PathLike[str]) -> Path | None:
+    """The probe manifest beside `path` when it names that file (as a state or a batch's whole
+    state), else None: a file another tool writes there would contradict what it records."""
+    p = Path(path)
+    parsed = _manifest(p.parent)
+    if parsed is None or p.name not in parsed.rows:
+        return None
+    return p.parent / NAME
+
+
 def recorded_for(path: str | os.PathLike[str]) -> Recorded | None:
     """What the probe manifest beside the state at `path` recorded about it; None when there is no
     manifest, it is not a probe manifest, or it does not name the state."""

@@ -26,6 +26,7 @@ from kvfast import _kvfast
 from kvfast.model.geometry import ModelGeometry
 from kvfast.probe import manifest as probe_manifest
 from kvfast.read.ggml import TYPES
+from kvfast.writing import output
 
 #: The manifest's file name in the output folder (where kvfast.open finds it).
 MANIFEST = probe_manifest.NAME
@@ -67,6 +68,11 @@ def load_prompts(source: str | os.PathLike[str] | Sequence[str | dict[str, Any]]
     ids = [p.id for p in out]
     if len(set(ids)) != len(ids):
         raise ValueError("prompt ids must be unique")
+    for pid in ids:
+        if pid in ("", ".", "..") or os.path.basename(pid) != pid or "/" in pid:
+            raise ValueError(
+                f"prompt id {pid!r}: ids name the states saved (OUT/<id>.ggsq), so no '/' or '..'"
+            )
     return out
 
 
@@ -198,20 +204,22 @@ class Runner:
     def share(self, src: int, dst: int) -> None:
         self.L.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
 
-    def save_seq(self, path: Path, seq: int, tokens: list[int]) -> None:
+    def save_seq(self, path: Path, seq: int, tokens: list[int], guard_manifest: bool = False) -> None:
+        """Save a sequence as llama_state_seq_save_file writes it, whole or not at all
+        (:mod:`kvfast.writing.output`; `guard_manifest`: refuse a name a probe manifest beside it
+        gives, as for a file the user names, not for the run's own states)."""
         arr = (self.L.llama_token * len(tokens))(*tokens)
-        tmp = path.with_name(f".{path.name}.tmp")
-        if not self.L.llama_state_seq_save_file(self.ctx, os.fsencode(tmp), seq, arr, len(tokens)):
-            raise RuntimeError(f"llama_state_seq_save_file failed for sequence {seq}")
-        os.replace(tmp, path)
+        with output.replacing(path, guard_manifest=guard_manifest) as tmp:
+            if not self.L.llama_state_seq_save_file(self.ctx, os.fsencode(tmp), seq, arr, len(tokens)):
+                raise RuntimeError(f"llama_state_seq_save_file failed for sequence {seq}")
 
-    def save_whole(self, path: Path) -> None:
+    def save_whole(self, path: Path, guard_manifest: bool = False) -> None:
+        """Save the whole context as llama_state_get_data gives it (as :meth:`save_seq`)."""
         n = self.L.llama_state_get_size(self.ctx)
         buf = (ctypes.c_uint8 * n)()
         written = self.L.llama_state_get_data(self.ctx, buf, n)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(bytes(buf[:written]))
-        os.replace(tmp, path)
+        with output.replacing(path, guard_manifest=guard_manifest) as tmp:
+            tmp.write_bytes(memoryview(buf)[:written])
 
     def rotates(self) -> tuple[bool, str | None]:
         """Whether this llama.cpp stores quantized caches Hadamard-rotated (its library has the
@@ -288,8 +296,7 @@ def run(
     Returns the manifest.
     """
     model = os.fspath(model)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output.folder(out_dir)
     todo = load_prompts(prompts)
     old = pl.read_parquet(out / MANIFEST) if (out / MANIFEST).exists() else None
     done = set()
@@ -445,7 +452,6 @@ def _write_manifest(out: Path, old: pl.DataFrame | None, rows: list[dict[str, An
         return pl.DataFrame()
     df = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
     df = df.unique("prompt_id", keep="last", maintain_order=True)
-    tmp = out / f".{MANIFEST}.tmp"
-    df.write_parquet(tmp)
-    os.replace(tmp, out / MANIFEST)
+    with output.replacing(out / MANIFEST, guard_manifest=False) as tmp:
+        df.write_parquet(tmp)
     return df

@@ -18,7 +18,9 @@ import polars as pl
 
 from kvfast import _kvfast
 from kvfast.errors import WriteError
+from kvfast.read import remote
 from kvfast.read.ggml import TYPES
+from kvfast.writing import output
 from kvfast.writing import tokens as wt
 from kvfast.writing.cells import keep_mask, kept_positions
 
@@ -171,6 +173,7 @@ def write(
     tokens: Sequence[int] | None = None,
     arch: str | None = None,
     share: bool = False,
+    replace: bool = False,
 ) -> int:
     """Write ``source`` (an opened state, or several to join) to ``path``, edited; returns the bytes
     written. With no edit the bytes are the source's, byte for byte.
@@ -203,10 +206,19 @@ def write(
     of a later source alike in position, extension and every row to one already written (a prompt
     prefix decoded once and copied, as llama.cpp's ``seq_cp`` shares it) becomes that cell, listing
     both sequences.
+
+    ``path`` is written whole or not at all (a temporary file beside it, renamed into place; see
+    :mod:`kvfast.writing.output`): a new file, or a regular file replaced, never a folder, a device
+    or a FIFO (:class:`kvfast.OutputError`). A source's own file is replaced only with
+    ``replace=True``; a state a probe manifest beside it describes, never. The rows are read from
+    the sources as they are written: memory for the cells and a few rows, not the state (an
+    allocation that fails is a ``MemoryError``).
     """
     sources = [source] if not isinstance(source, Sequence) else list(source)
     if not sources:
         raise WriteError("source", "at least one opened state")
+    inputs = [remote.local_path(d.path) for d in sources if not remote.is_url(d.path)]
+    output.target(path, inputs=inputs, replace=replace)  # the path first: nothing is planned for a bad one
     if container is None and len(sources) > 1:
         container = "state"
     if container is None and version is not None:
@@ -295,20 +307,21 @@ def write(
     if target not in SEQUENCE:
         whole_arch = arch or first.arch or (first.model.arch if first.model is not None else None)
     ext_tokens = first.tokens.tolist() if first.tokens is not None and len(sources) == 1 else None
-    return int(
-        _kvfast.write_state(
-            [d._reading() for d in sources],
-            edits,
-            os.fspath(path),
-            {
-                "container": container,
-                "version": version if container is not None else None,
-                # the io header's sequence (else the sequence's own: renamed, taken alone, or the cells')
-                "seq_id": seq_id if isinstance(seq_id, int) and target == "seq" else None,
-                "arch": whole_arch,
-                "token_words": token_words,
-                "ext_tokens": ext_tokens,
-                "share": share,
-            },
+    with output.replacing(path, inputs=inputs, replace=replace) as tmp:
+        return int(
+            _kvfast.write_state(
+                [d._reading() for d in sources],
+                edits,
+                os.fspath(tmp),
+                {
+                    "container": container,
+                    "version": version if container is not None else None,
+                    # the io header's sequence (else the sequence's own: renamed, taken alone, or the cells')
+                    "seq_id": seq_id if isinstance(seq_id, int) and target == "seq" else None,
+                    "arch": whole_arch,
+                    "token_words": token_words,
+                    "ext_tokens": ext_tokens,
+                    "share": share,
+                },
+            )
         )
-    )

@@ -257,6 +257,8 @@ fn core_to_py(e: kvfast_core::Error) -> PyErr {
                 format!("{what}, not a regular file (kvfast reads state and model files)"),
             )
         }
+        // an allocation that failed (a memory limit): Python's own MemoryError, never an abort
+        Error::NoMemory { .. } => return pyo3::exceptions::PyMemoryError::new_err(msg),
         Error::Changed { .. } => FileChangedError::new_err(msg),
         Error::Truncated { .. } => TruncatedError::new_err(msg),
         Error::Format { .. } => FormatError::new_err(msg),

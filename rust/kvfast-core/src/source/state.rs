@@ -36,6 +36,12 @@ impl Deref for Data {
     }
 }
 
+impl AsRef<[u8]> for Data {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
 /// How a remote object is fetched: bytes of its start fetched in the first round of its walk,
 /// bytes fetched after each read the walk missed (it reads on from there), the largest range one
 /// request fetches (longer ones are split, to be fetched in parallel).

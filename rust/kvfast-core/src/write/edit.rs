@@ -5,101 +5,11 @@
 
 use crate::format::layout::{Container, Kind, Memory};
 use crate::format::types::GgmlType;
-use crate::values::decode::decode_row;
-use crate::values::quantize::quantize_row;
-use crate::values::rotation::hadamard_groups;
 use crate::write::parts::{CacheParts, Format, Rows, StateParts, StreamParts};
-use crate::write::{seq_id, Result, WriteError};
+use crate::write::{err, seq_id, Result, WriteError};
 
 /// llama.cpp's LLAMA_TOKEN_NULL: the token of a cell the extension knows none for.
 pub const TOKEN_NULL: i32 = -1;
-
-/// A request the edit cannot make: `what` it is about, in the argument `field`.
-fn err(
-    what: impl Into<String>,
-    field: impl Into<String>,
-    expected: impl Into<String>,
-    found: impl std::fmt::Display,
-) -> WriteError {
-    let (what, field) = (what.into(), field.into());
-    let expected = expected.into();
-    let message = if what == field {
-        format!("expected {expected}, found {found}")
-    } else {
-        format!("{what}: expected {expected}, found {found}")
-    };
-    WriteError::Request { field, message }
-}
-
-impl Rows {
-    /// Keep the rows of the cells `keep` says.
-    fn keep(&mut self, keep: &[bool]) {
-        let rb = self.row_bytes();
-        let mut out = Vec::with_capacity(self.rows.len());
-        for (i, k) in keep.iter().enumerate() {
-            if *k {
-                out.extend_from_slice(&self.rows[i * rb..(i + 1) * rb]);
-            }
-        }
-        self.rows = out;
-    }
-
-    /// The rows as f32 values in the model's basis (`group`: the rotation they are stored in, 0
-    /// for none).
-    pub fn values(&self, group: usize) -> Vec<f32> {
-        let n = self.n_embd as usize;
-        let rb = self.row_bytes();
-        let cells = self.rows.len().checked_div(rb).unwrap_or(0);
-        let mut out = vec![0f32; n * cells];
-        for i in 0..cells {
-            let row = &mut out[i * n..(i + 1) * n];
-            decode_row(self.ty, &self.rows[i * rb..(i + 1) * rb], row);
-            hadamard_groups(row, group);
-        }
-        out
-    }
-
-    /// Store `values` (f32 in the model's basis, a row per cell) as type `ty`, rotated in groups of
-    /// `group` (0: not rotated) as llama.cpp stores that type.
-    pub fn store(&mut self, ty: GgmlType, values: &[f32], group: usize) -> Result<()> {
-        let n = self.n_embd as usize;
-        let rb = ty.row_bytes(self.n_embd).ok_or_else(|| {
-            err(
-                format!("{} record type", self.kind),
-                format!("cache_type_{}", self.kind),
-                format!("a type whose blocks divide the {n} values of a row"),
-                ty,
-            )
-        })? as usize;
-        if n > 0 && values.len() % n != 0 {
-            return Err(err(
-                format!("{} record values", self.kind),
-                "values",
-                format!("whole rows of {n} values"),
-                values.len(),
-            ));
-        }
-        if group > 0 && n % group != 0 {
-            return Err(err(
-                format!("{} record rotation group", self.kind),
-                format!("cache_type_{}", self.kind),
-                format!("a group dividing the {n} values of a row"),
-                group,
-            ));
-        }
-        let cells = values.len().checked_div(n).unwrap_or(0);
-        let mut out = vec![0u8; rb * cells];
-        let mut row = vec![0f32; n];
-        for i in 0..cells {
-            row.copy_from_slice(&values[i * n..(i + 1) * n]);
-            hadamard_groups(&mut row, group);
-            quantize_row(ty, &row, &mut out[i * rb..(i + 1) * rb]);
-        }
-        self.ty = ty;
-        self.rows = out;
-        Ok(())
-    }
-}
 
 /// A retyping of one kind of one cache: the target type, the group its rows are stored rotated in
 /// now and the group the target type is stored rotated in (0: not rotated).
@@ -368,8 +278,7 @@ impl StateParts {
                     if rec.ty == r.ty && r.from_group == r.to_group {
                         continue;
                     }
-                    let vals = rec.values(r.from_group);
-                    rec.store(r.ty, &vals, r.to_group)?;
+                    rec.retype(r.ty, r.from_group, r.to_group)?;
                 }
             }
         }
@@ -661,9 +570,9 @@ fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts, share: boo
             shared_into(x, &mut y);
         }
         for (l, m) in x.layers.iter_mut().zip(y.layers) {
-            l.0.rows.extend(m.0.rows);
+            l.0.append(m.0);
             if let (Some(v), Some(w)) = (&mut l.1, m.1) {
-                v.rows.extend(w.rows);
+                v.append(w);
             }
         }
         x.cells.extend(y.cells);
@@ -743,13 +652,7 @@ mod tests {
         let vals: Vec<f32> = (0..n as usize * cells)
             .map(|i| (i % 17) as f32 - 8.0)
             .collect();
-        let mut r = Rows {
-            kind,
-            ty: GgmlType::F32,
-            n_embd: n,
-            rows: vec![],
-            at: 0,
-        };
+        let mut r = Rows::from_bytes(kind, GgmlType::F32, n, vec![], 0);
         r.store(ty, &vals, 0).unwrap();
         r
     }
@@ -797,8 +700,8 @@ mod tests {
             s.cells.iter().map(|c| c.pos).collect::<Vec<_>>(),
             vec![0, 2]
         );
-        assert_eq!(s.layers[0].0.row(1), &before[..]);
-        assert_eq!(s.layers[0].1.as_ref().unwrap().rows.len(), 2 * 128);
+        assert_eq!(&*s.layers[0].0.row(1), &before[..]);
+        assert_eq!(s.layers[0].1.as_ref().unwrap().byte_len(), 2 * 128);
         assert!(p.keep(&[vec![vec![true]]]).is_err());
     }
 
@@ -822,7 +725,7 @@ mod tests {
         let s = &j.caches[0].streams[0];
         assert_eq!(s.cells.len(), 4);
         assert_eq!(s.cells[3].seqs, vec![4]);
-        assert_eq!(s.layers[0].0.rows.len(), 4 * 128);
+        assert_eq!(s.layers[0].0.byte_len(), 4 * 128);
         assert!(j.rename(&[(1, 4)]).is_err()); // two sequences of one name
     }
 
@@ -839,7 +742,7 @@ mod tests {
         })
         .unwrap();
         let k = &p.caches[0].streams[0].layers[0].0;
-        assert_eq!((k.ty, k.rows.len()), (GgmlType::Q8_0, 2 * 68));
+        assert_eq!((k.ty, k.byte_len()), (GgmlType::Q8_0, 2 * 68));
         let back = k.values(64);
         let err: f32 = f16.iter().zip(&back).map(|(a, b)| (a - b).powi(2)).sum();
         let norm: f32 = f16.iter().map(|a| a * a).sum();
