@@ -15,7 +15,7 @@ import polars as pl
 import kvfast
 from kvfast.cli import views as cli_views
 from kvfast.cli import write as cli_write
-from kvfast.cli.args import BROKEN_PIPE, USAGE, non_negative_int
+from kvfast.cli.args import BROKEN_PIPE, USAGE, non_negative_int, require_paths
 from kvfast.errors import ProbeCrashError
 from kvfast.read import ggml, memory
 from kvfast.read.state import State
@@ -194,6 +194,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_manifest(args: argparse.Namespace) -> int:
+    require_paths(args.states)  # a state that fails to open is a row; a path that is not there, an error
     df = kvfast.manifest(args.states)
     if args.output:
         df.write_parquet(args.output)
