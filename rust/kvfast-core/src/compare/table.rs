@@ -14,6 +14,9 @@ use crate::stats::passes::compare as compare_rows;
 use crate::stats::tables::{Pass, TableError};
 use crate::values::rope::{rope_of, CellRope, RopeSpec};
 
+/// (cache, layer, kind): a row of the per-layer table.
+type LayerKey = (u32, u32, Kind);
+
 /// How A's cells are paired with B's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Match {
@@ -69,8 +72,8 @@ pub fn compare(a: &Pass, b: &Other, how: Match) -> Result<[Table; 2], TableError
     let mut cols: [Vec<f64>; 4] = Default::default();
     let mut index_b: HashMap<u32, Index> = HashMap::new();
     // the per-layer sums, in the order their records first come
-    let mut layer_at: HashMap<(u32, u32, Kind), usize> = HashMap::new();
-    let mut layers: Vec<((u32, u32, Kind), Option<i32>, LossSums)> = vec![];
+    let mut layer_at: HashMap<LayerKey, usize> = HashMap::new();
+    let mut layers: Vec<(LayerKey, Option<i32>, LossSums)> = vec![];
     for job in jobs(&a.sf.layout, a.sel)? {
         let cb = &b_layout.caches[job.cache as usize];
         let ib = index_b

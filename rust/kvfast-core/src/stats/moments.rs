@@ -1,6 +1,6 @@
 //! The plain results the statistics kernels fill and merge: a cell's head statistics, running
-//! moments, and the sums of a round trip's loss (no kernel here: `kernels` and `passes` both use
-//! them), and the plain per-row loops the kernels fall back on.
+//! moments, and (re-exported from `loss`) the sums of a round trip's loss (no kernel here:
+//! `kernels` and `passes` both use them), and the plain per-row loops the kernels fall back on.
 
 pub use crate::stats::loss::{LossSums, RowLoss};
 
