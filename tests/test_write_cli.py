@@ -48,6 +48,8 @@ def test_prune_keeps_sinks_and_window_of_both_iswa_caches(
         "256",
     ]
     assert main(args) == 0
+    # cells per cache, as kvfast info shows them: each cache holds every token (not 24 of 40)
+    assert "cells per cache 12 of 20 (cache 0), 12 of 20 (cache 1)," in capsys.readouterr().out
     with kvfast.open(out) as e:
         for c in e.caches:
             assert c.streams[0].pos.tolist() == [0, 1, 2, 3, *range(12, 20)]

@@ -4,14 +4,23 @@ cells are matched (:mod:`.compare_modes`), one state against many (:mod:`.compar
 keep masks of the usual pruning rules (:mod:`.prune`)."""
 
 from kvfast.analysis.measure import (
+    LOSS_COLUMNS,
     By,
     compare,
     quant_error,
     select,
     simulated_rotation,
     stats,
-    summarize,
 )
 from kvfast.errors import MatchError
 
-__all__ = ["By", "MatchError", "compare", "quant_error", "select", "simulated_rotation", "stats", "summarize"]
+__all__ = [
+    "LOSS_COLUMNS",
+    "By",
+    "MatchError",
+    "compare",
+    "quant_error",
+    "select",
+    "simulated_rotation",
+    "stats",
+]

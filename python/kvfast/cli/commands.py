@@ -16,7 +16,7 @@ import kvfast
 from kvfast.cli import views as cli_views
 from kvfast.cli import warned
 from kvfast.cli import write as cli_write
-from kvfast.cli.args import BROKEN_PIPE, USAGE, non_negative_int
+from kvfast.cli.args import BROKEN_PIPE, USAGE, non_negative_int, require_paths
 from kvfast.errors import ProbeCrashError
 from kvfast.read import ggml, memory
 from kvfast.read.state import State
@@ -227,6 +227,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_manifest(args: argparse.Namespace) -> int:
+    require_paths(args.states)  # a state that fails to open is a row; a path that is not there, an error
     inputs = _checked(args, args.states)
     df = kvfast.manifest(args.states)
     if args.output is not None:

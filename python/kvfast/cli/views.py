@@ -123,7 +123,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         if len(args.paths) != 2:
             raise ValueError("kvfast plot diff takes two states: A B")
         with open_state(args.paths[0], args) as a, open_state(args.paths[1], args) as b:
-            fig = plot.diff(a, b, scale=args.scale)
+            fig = plot.diff(a, b, scale=args.scale, match=args.match)
             _save(fig, args)
     else:
         if len(args.paths) != 1:
@@ -197,7 +197,7 @@ def register(sub: Any) -> None:
         " of one state against another.",
         epilog="examples: kvfast plot layout slot0.bin -o layout.png;"
         " kvfast plot heatmap slot0.bin --layer 3 --kind k --per-head --head-dim 128 --scale log -o k.png;"
-        " kvfast plot diff f16.bin q8.bin -o diff.png",
+        " kvfast plot diff f16.bin q8.bin -o diff.png; kvfast plot diff p0.ggsq p2.ggsq --match tokens -o d.png",
     )
     plot.add_argument("what", choices=["layout", "heatmap", "stats", "diff"])
     plot.add_argument("paths", nargs="+", help="the state (two for diff)")
@@ -222,6 +222,13 @@ def register(sub: Any) -> None:
         "--clip", type=float, help="heatmap: cap the colour scale at this percentile of |value| (e.g. 99.5)"
     )
     plot.add_argument("--cells", type=parse_cells, help="heatmap: only cells START:STOP (e.g. 0:64)")
+    plot.add_argument(
+        "--match",
+        choices=["sequence", "position", "tokens"],
+        default="sequence",
+        help="diff: match cells by (sequence, position), position alone, or position over the common"
+        " token prefix (as kvfast diff)",
+    )
     plot.add_argument("--dpi", type=positive_int, default=100)
     geometry_options(plot)
     plot.set_defaults(run=_cmd_plot)

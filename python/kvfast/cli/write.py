@@ -16,14 +16,24 @@ def _open(args: argparse.Namespace) -> kvfast.State:
     return kvfast.open(args.path, model=args.model, head_dim=args.head_dim)
 
 
+def cells_kept(d: kvfast.State, e: kvfast.State) -> str:
+    """``6 of 9 cells``: the cells of `e` against those of `d`, per cache where there are several
+    (an iSWA model holds a token in each of its caches: a sum would count it twice, where ``kvfast
+    info`` shows each cache's cells)."""
+    before = [sum(s.cell_count for s in c.streams) for c in d.caches]
+    after = [sum(s.cell_count for s in c.streams) for c in e.caches]
+    if len(before) == 1 and len(after) == 1:
+        return f"{after[0]} of {before[0]} cells"
+    each = [f"{a} of {b} (cache {i})" for i, (a, b) in enumerate(zip(after, before, strict=False))]
+    return "cells per cache " + ", ".join(each)
+
+
 def _report(args: argparse.Namespace, d: kvfast.State, n: int) -> None:
     with kvfast.open(args.output, model=args.model, head_dim=args.head_dim) as e:
-        before = sum(s.cell_count for c in d.caches for s in c.streams)
-        after = sum(s.cell_count for c in e.caches for s in c.streams)
         types = sorted({f"{ly.k_type}/{ly.v_type}" for c in e.caches for s in c.streams for ly in s.layers})
         print(
             f"{args.output}: {e.container}{'' if e.version is None else f' {e.version}'}, {n} bytes,"
-            f" {after} of {before} cells, K/V {', '.join(types) or '-'}"
+            f" {cells_kept(d, e)}, K/V {', '.join(types) or '-'}"
         )
 
 

@@ -556,8 +556,10 @@ class State:
     ) -> pl.DataFrame:
         """What a cache of ``type`` (q8_0, q4_0, ...) would lose: each row is quantized and
         dequantized with ggml's reference quantizer (bit-exact) in Rust; per (cache, layer, kind,
-        head) or per layer: mse, max_abs, rel (||x - q(x)|| / ||x||) and cosine. ``model_layers``:
-        the model's layers instead of ``layers`` (see :meth:`to_arrow`)."""
+        head) or per layer: mse, max_abs, pooled rel (||x - q(x)|| / ||x||) and cosine, and their
+        per-cell means and extremes (rel_mean, rel_max, cosine_mean, cosine_min): the columns of
+        ``kvfast.compare(by="layer")`` (:data:`kvfast.analysis.measure.LOSS_COLUMNS`).
+        ``model_layers``: the model's layers instead of ``layers`` (see :meth:`to_arrow`)."""
         return analysis.quant_error(
             self, type, by, layers, kinds, skip_first, rotate, model_layers=model_layers
         )

@@ -7,6 +7,7 @@ pub use crate::stats::moments::{min_max, one_cell, sum_sq, CellStat, LossSums, M
 
 use crate::format::types::GgmlType;
 use crate::stats::kernels::{head_stats, loss_sums, vector_heads, ChannelSums, Sink, Values};
+use crate::stats::loss::RowLoss;
 use crate::values::view::RecordView;
 
 /// Per-(cell, head) statistics as columns.
@@ -250,29 +251,30 @@ pub struct PairStat {
     pub cosine: f64,
     /// ||a - b|| / ||a||.
     pub rel: f64,
+    /// The sums the above come from (summed over many rows by `LossSums`).
+    pub loss: RowLoss,
 }
 
 fn pair(a: &[f32], b: &[f32]) -> PairStat {
-    let (mut se, mut max_abs, mut aa, mut bb, mut ab) = (0f64, 0f64, 0f64, 0f64, 0f64);
+    let mut r = RowLoss {
+        n: a.len() as u64,
+        ..RowLoss::default()
+    };
     for (&x, &y) in a.iter().zip(b) {
         let (x, y) = (x as f64, y as f64);
         let d = x - y;
-        se += d * d;
-        max_abs = max_abs.max(d.abs());
-        aa += x * x;
-        bb += y * y;
-        ab += x * y;
+        r.se += d * d;
+        r.max_abs = r.max_abs.max(d.abs());
+        r.aa += x * x;
+        r.bb += y * y;
+        r.ab += x * y;
     }
-    let cosine = if aa > 0.0 && bb > 0.0 {
-        ab / (aa.sqrt() * bb.sqrt())
-    } else {
-        f64::NAN
-    };
     PairStat {
-        mse: se / a.len() as f64,
-        max_abs,
-        cosine,
-        rel: if aa > 0.0 { (se / aa).sqrt() } else { f64::NAN },
+        mse: r.se / a.len() as f64,
+        max_abs: r.max_abs,
+        cosine: r.cosine(),
+        rel: r.rel(),
+        loss: r,
     }
 }
 
