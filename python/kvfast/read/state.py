@@ -80,6 +80,7 @@ class State:
             rotation=rotation,
             hint=hint,
             pre_rope=pre_rope,
+            metadata_limit=None if fetch is None else fetch.limits.metadata_limit,
         )
         #: The model's geometry (given, read from ``model``'s GGUF, or from a probe manifest).
         given = model if isinstance(model, ModelGeometry) else None
