@@ -32,7 +32,7 @@ FAST = {"kvfast": {"connect_timeout": 0.5, "read_timeout": 0.5, "min_rate": 1e6}
 S3_KEYS = {"key": "testing", "secret": "testing", "client_kwargs": {"region_name": "us-east-1"}}
 
 
-def finishes(fn: Callable[[], Any], within: float = 60.0) -> Any:
+def finishes(fn: Callable[[], Any], within: float = 120.0) -> Any:
     """``fn()``'s result, or its exception raised here; a test failure if it is still blocked
     after ``within`` seconds (a hang, which the deadlines exist to prevent)."""
     out: dict[str, Any] = {}
