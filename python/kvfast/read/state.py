@@ -80,6 +80,7 @@ class State:
             rotation=rotation,
             hint=hint,
             pre_rope=pre_rope,
+            metadata_limit=None if fetch is None else fetch.limits.metadata_limit,
         )
         #: The model's geometry (given, read from ``model``'s GGUF, or from a probe manifest).
         given = model if isinstance(model, ModelGeometry) else None
@@ -605,9 +606,11 @@ def open(
 
     ``path`` may be a URL (``s3://bucket/key``, or any protocol fsspec reads): the state is read by
     ranged requests, its metadata at open and then only the rows each pass reads (see
-    :mod:`kvfast.remote`; credentials and endpoint from the AWS variables or ``storage_options``);
-    :attr:`State.fetched_bytes` counts what was fetched. Errors of the storage are
-    :class:`kvfast.RemoteError`. A ``file://`` URL or a path is memory-mapped.
+    :mod:`kvfast.remote`; credentials and endpoint from the AWS variables or ``storage_options``;
+    deadlines and the metadata bound from ``storage_options={"kvfast": {"connect_timeout": ...,
+    "read_timeout": ..., "min_rate": ..., "metadata_limit": ...}}``, see
+    :mod:`kvfast.read.remote.limits`); :attr:`State.fetched_bytes` counts what was fetched.
+    Errors of the storage, and requests past their deadlines, are :class:`kvfast.RemoteError`. A ``file://`` URL or a path is memory-mapped.
     """
     return State(
         path,

@@ -301,6 +301,21 @@ fn kvfast_error(name: &str, message: String, field: Option<String>) -> PyErr {
     })
 }
 
+/// `kvfast.errors.RemoteError(errno, message, url)`: object storage could not give a state's
+/// bytes as asked (an object too large to map, more metadata than an open fetches).
+pub fn remote_error(errno: i32, message: String, url: &Path) -> PyErr {
+    Python::attach(|py| {
+        let made = py
+            .import("kvfast.errors")
+            .and_then(|m| m.getattr("RemoteError"))
+            .and_then(|cls| cls.call1((errno, message.clone(), url.as_os_str())));
+        match made {
+            Ok(v) => PyErr::from_value(v),
+            Err(e) => e,
+        }
+    })
+}
+
 /// Two states that cannot be compared: a MatchError; where the cells of one sequence have no
 /// match in the other, it says how states of different sequences compare.
 fn mismatch_to_py(m: Mismatch) -> PyErr {
