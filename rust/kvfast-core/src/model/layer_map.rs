@@ -78,12 +78,25 @@ impl ModelLayers {
 
     /// The model layer of every layer of each attention cache, given each cache's layer count.
     pub fn attention_map(&self, cache_layers: &[usize]) -> Result<Vec<Vec<i32>>, MapError> {
+        let known: Vec<Option<usize>> = cache_layers.iter().map(|&n| Some(n)).collect();
+        self.attention_map_of(&known)
+    }
+
+    /// [`Self::attention_map`], where a cache's layer count may be unknown (None: a cache holding
+    /// no cell writes no n_layer), and then fits any.
+    pub fn attention_map_of(
+        &self,
+        cache_layers: &[Option<usize>],
+    ) -> Result<Vec<Vec<i32>>, MapError> {
         let layers = self.attention_layers();
         let (window, full): (Vec<i32>, Vec<i32>) =
             layers.iter().copied().partition(|&il| self.is_swa(il));
         let fits = |want: &[&Vec<i32>]| {
             cache_layers.len() == want.len()
-                && cache_layers.iter().zip(want).all(|(n, w)| *n == w.len())
+                && cache_layers
+                    .iter()
+                    .zip(want)
+                    .all(|(n, w)| n.is_none_or(|n| n == w.len()))
         };
         if fits(&[&layers]) {
             return Ok(vec![layers]);
@@ -102,7 +115,7 @@ impl ModelLayers {
             attention: layers.len(),
             window: window.len(),
             n_layer: self.n_layer,
-            caches: cache_layers.to_vec(),
+            caches: cache_layers.iter().map(|n| n.unwrap_or(0)).collect(),
         })
     }
 }
@@ -124,6 +137,16 @@ pub fn cache_layers(cache: &Cache) -> usize {
 /// are the model's to map.
 pub fn layer_map(layout: &Layout, model: Option<&ModelLayers>) -> Result<LayerMap, MapError> {
     let attention: Vec<usize> = layout.attention().map(cache_layers).collect();
+    // a cache of no cell says no layer count: any of the model's fits it
+    let known: Vec<Option<usize>> = layout
+        .attention()
+        .map(|c| {
+            c.streams
+                .iter()
+                .any(|s| s.cell_count > 0)
+                .then(|| cache_layers(c))
+        })
+        .collect();
     let recurrent = layout.recurrent().map(|(_, c)| {
         let n_field = match c.memory {
             Memory::Recurrent { n_layer } => n_layer as usize,
@@ -133,7 +156,7 @@ pub fn layer_map(layout: &Layout, model: Option<&ModelLayers>) -> Result<LayerMa
     });
     let (att, rec): (Vec<Option<Vec<i32>>>, Option<Vec<i32>>) = match model {
         Some(m) => {
-            let att = m.attention_map(&attention)?;
+            let att = m.attention_map_of(&known)?;
             let rec_layers = m.recurrent_layers();
             if let (Some((_, have)), Some(r)) = (recurrent, &rec_layers) {
                 if r.len() != have {
@@ -228,6 +251,27 @@ mod tests {
             err.to_string(),
             "the model (test) has 6 attention layers (4 sliding-window) of 6, the state's caches have [3] layers"
         );
+    }
+
+    #[test]
+    fn a_cache_of_no_cell_fits_the_models_layers() {
+        // no cell: no n_layer in the bytes (every attention cell dropped, a 0-cell state)
+        let empty = || vec![stream(0, &[], &[], &[])];
+        let plain = model(2, &[], None);
+        assert_eq!(
+            layer_map(&layout(vec![empty()]), Some(&plain)).unwrap(),
+            vec![Some(vec![0, 1])]
+        );
+        // an iSWA pair with its sliding-window cache emptied: the full cache's layers still fit
+        let iswa = model(6, &[0, 1, 3, 4], None);
+        let full = vec![stream(0, &[0], &[&[0]], &[(8, Some(8)); 2])];
+        assert_eq!(
+            layer_map(&layout(vec![full, empty()]), Some(&iswa)).unwrap(),
+            vec![Some(vec![2, 5]), Some(vec![0, 1, 3, 4])]
+        );
+        // a cache that holds cells and says 0 layers still has to fit
+        let zero = vec![stream(0, &[0], &[&[0]], &[])];
+        assert!(layer_map(&layout(vec![zero]), Some(&plain)).is_err());
     }
 
     #[test]
