@@ -35,6 +35,7 @@ from kvfast.errors import (
     TruncatedError,
     UnsupportedVersionError,
     WriteError,
+    WriteWarning,
 )
 from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Rotation
@@ -84,6 +85,7 @@ __all__ = [
     "TruncatedError",
     "UnsupportedVersionError",
     "WriteError",
+    "WriteWarning",
     "__version__",
     "compare",
     "compare_scan",

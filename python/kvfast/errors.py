@@ -92,6 +92,11 @@ class WriteError(KvfastError, ValueError):
         self.field = field
 
 
+class WriteWarning(UserWarning):
+    """A state :func:`kvfast.write` wrote loads into llama.cpp only on a condition worth knowing
+    (a whole state of sequence 3 only into a context of at least 4 sequences)."""
+
+
 class RemoteError(KvfastError, OSError):
     """Object storage could not give a state's bytes: no such object or bucket, no credentials,
     access refused, an endpoint that does not answer (see :mod:`kvfast.read.remote`). An ``OSError``
@@ -181,4 +186,5 @@ __all__ = [
     "TruncatedError",
     "UnsupportedVersionError",
     "WriteError",
+    "WriteWarning",
 ]
