@@ -37,6 +37,7 @@ from kvfast.errors import (
     TruncatedError,
     UnsupportedVersionError,
     WriteError,
+    WriteWarning,
 )
 from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Rotation
@@ -88,6 +89,7 @@ __all__ = [
     "TruncatedError",
     "UnsupportedVersionError",
     "WriteError",
+    "WriteWarning",
     "__version__",
     "compare",
     "compare_scan",

@@ -111,6 +111,11 @@ class WriteError(KvfastError, ValueError):
         self.field = field
 
 
+class WriteWarning(KvfastWarning):
+    """A state :func:`kvfast.write` wrote loads into llama.cpp only on a condition worth knowing
+    (a whole state of sequence 3 only into a context of at least 4 sequences)."""
+
+
 class RemoteError(KvfastError, OSError):
     """Object storage could not give a state's bytes: no such object or bucket, no credentials,
     access refused, an endpoint that does not answer (see :mod:`kvfast.read.remote`). An ``OSError``
@@ -216,6 +221,7 @@ __all__ = [
     "TruncatedError",
     "UnsupportedVersionError",
     "WriteError",
+    "WriteWarning",
 ]
 
 

@@ -116,7 +116,7 @@ def register(sub: Any) -> None:
         help="drop cells by key norm (sinks and a recent window kept) and write a state llama.cpp loads",
         description="Drop a share of each cache's cells, those of the largest (or smallest) key L2 norm, keeping"
         " the first --sinks positions and the last --window; every attention cache (both of an iSWA pair)"
-        " loses the same tokens, the token list with them.",
+        " loses the same tokens; the token list stays indexed by position (token i at position i).",
         epilog="example: kvfast prune slot0.bin -o slot0-half.bin --ratio 0.5 --sinks 4 --window 16 --model m.gguf",
     )
     _options(pr)

@@ -17,7 +17,7 @@ import numpy.typing as npt
 import polars as pl
 
 from kvfast import _kvfast
-from kvfast.errors import WriteError
+from kvfast.errors import WriteError, WriteWarning, warn
 from kvfast.read import remote
 from kvfast.read.ggml import TYPES
 from kvfast.writing import output
@@ -155,6 +155,25 @@ def _values(
     return out
 
 
+def _warn_numbering(sources: Sequence[State], held: list[int]) -> None:
+    """Warn when sequence states become a whole state whose sequences are not 0, 1, ...: llama.cpp
+    loads a whole state only into a context of more sequences than its largest id."""
+    ids = sorted(set(held))
+    if all(d.container in ("ggsn", "state") for d in sources) or ids == list(range(len(ids))):
+        return
+    if len(sources) == 1:
+        how = "seq_id=0 (--seq 0 on the command line) renumbers it"
+    elif all(d.container in SEQUENCE for d in sources):
+        how = f"seq_id={list(range(len(sources)))} renumbers them"
+    else:
+        how = "seq_map= renumbers them"
+    warn(
+        f"the whole state holds sequences {ids}: llama.cpp loads it only into a context of at least"
+        f" {ids[-1] + 1} sequences (n_seq_max) and refuses it otherwise ('invalid seq_id'); {how}",
+        WriteWarning,
+    )
+
+
 def write(
     source: State | Sequence[State],
     path: str | os.PathLike[str],
@@ -186,8 +205,10 @@ def write(
     - ``keep``: which cells stay, a boolean per row of :func:`kvfast.writing.cells.cells` (every cell
       of every attention cache) or a Polars expression over its columns (pos, seq_ids, token,
       k_l2, ...). ``sync`` (default): a token dropped from one attention cache is dropped from every
-      cache holding it (both caches of an iSWA pair). The token list of a sequence state loses
-      the tokens whose cells all went (llama-server's packed blob stays packed).
+      cache holding it (both caches of an iSWA pair), and no other cell of its position. The token
+      list stays indexed by position, as llama.cpp's callers read it (token i at position i: a
+      dropped position inside it keeps its token, those dropped at its end are cut off, so that it
+      ends with the sequence's last cell); llama-server's packed blob stays packed.
     - ``cache_type_k`` / ``cache_type_v``: requantize every attention cache with ggml's reference
       quantizers, values read in the model's basis and stored rotated as llama.cpp stores that type
       (``rotate=False``: never rotated, as with LLAMA_ATTN_ROT_DISABLE=1).
@@ -201,8 +222,13 @@ def write(
       name of a sequence state's sequence (a list: one per joined source). ``seq_map``: renames.
     - ``tokens``: the token list of a GGSQ / GGSN target.
 
-    Several sources are joined into one state (their cells one after the other, per cache and
-    stream); their sequences must differ (rename them with ``seq_id=[...]``). ``share=True``: a cell
+    Several sources are joined into one whole state (their cells one after the other, per cache
+    and stream); their sequences must differ (rename them with ``seq_id=[...]``; the cells of a
+    sequence state that list none, its recurrent part's or a 2025 build's, are its sequence's).
+    A sequence container holds one sequence: llama.cpp loads every cell of it into the sequence it
+    is loaded as, so states of several sequences are refused there. A whole state made of sequence
+    states whose ids are not 0, 1, ... loads only into a context of more sequences than its
+    largest id: :class:`~kvfast.WriteWarning` says so unless ``seq_id`` or ``seq_map`` was given. ``share=True``: a cell
     of a later source alike in position, extension and every row to one already written (a prompt
     prefix decoded once and copied, as llama.cpp's ``seq_cp`` shares it) becomes that cell, listing
     both sequences.
@@ -263,6 +289,7 @@ def write(
     token_words: list[int] | None = None
     joined: list[int] = []
     extracted_many = False
+    held: list[int] = []  # the sequences written, as the sources name them
     for i, d in enumerate(sources):
         d._live()
         q = seq_id if isinstance(seq_id, int) or seq_id is None else seq_id[i]
@@ -282,6 +309,7 @@ def write(
             own = _own_seq(d)
             if own is None or own != q:
                 renames[own if own is not None else 0] = q
+        held += seqs if whole else [_own_seq(d) or 0]
         if mask is not None and (not whole or len(seqs) == 1):
             _, dropped = kept_positions(d, mask)
             token_words = wt.pruned(d, dropped)
@@ -308,7 +336,7 @@ def write(
         whole_arch = arch or first.arch or (first.model.arch if first.model is not None else None)
     ext_tokens = first.tokens.tolist() if first.tokens is not None and len(sources) == 1 else None
     with output.replacing(path, inputs=inputs, replace=replace) as tmp:
-        return int(
+        n = int(
             _kvfast.write_state(
                 [d._reading() for d in sources],
                 edits,
@@ -325,3 +353,6 @@ def write(
                 },
             )
         )
+    if target not in SEQUENCE and seq_id is None and not seq_map:
+        _warn_numbering(sources, held)
+    return n

@@ -63,6 +63,9 @@ fn edit(sf: &kvfast_core::State, e: SourceEdits) -> Result<StateParts> {
     sf.require(0, sf.layout.size, || "the state written".into())?;
     let src: SourceBytes = sf.data.clone();
     let mut p = StateParts::from_source(src, &sf.layout)?;
+    // the cells of a sequence state that list no sequence (its recurrent part's, a 2025 build's)
+    // are its sequence's: renamed and joined with it
+    p.own_sequence();
     // V untransposed before it is requantized (a quantized V is never transposed), transposed after
     if e.v_trans == Some(false) {
         p.set_v_trans(false)?;

@@ -5,6 +5,7 @@
 
 use crate::format::layout::{Container, Kind, Memory};
 use crate::format::types::GgmlType;
+use crate::write::check::{self, sequences as seqs_of};
 use crate::write::parts::{CacheParts, Format, Rows, StateParts, StreamParts};
 use crate::write::{err, seq_id, Result, WriteError};
 
@@ -109,6 +110,29 @@ impl StateParts {
         self.seq_id = self.seq_id.map(f);
         for c in &mut self.caches {
             for s in &mut c.streams {
+                // two sequences renamed to one must not meet at a position (one sequence may
+                // hold a position twice: M-RoPE image tokens, llama_memory_seq_div)
+                let mut seen: Vec<(i32, i32, i32)> = s
+                    .cells
+                    .iter()
+                    .flat_map(|c| c.seqs.iter().map(|&q| (f(q), c.pos, q)))
+                    .collect();
+                seen.sort_unstable();
+                if let Some(w) = seen
+                    .windows(2)
+                    .find(|w| (w[0].0, w[0].1) == (w[1].0, w[1].1) && w[0].2 != w[1].2)
+                {
+                    return Err(err(
+                        "seq_id",
+                        "seq_id",
+                        "one cell per sequence and position after renaming (two sequences \
+                         renamed to one)",
+                        format!(
+                            "sequences {} and {} renamed to {} at position {}",
+                            w[0].2, w[1].2, w[0].0, w[0].1
+                        ),
+                    ));
+                }
                 for (i, cell) in s.cells.iter_mut().enumerate() {
                     let mut seqs: Vec<i32> = cell.seqs.iter().map(|&q| f(q)).collect();
                     seqs.sort_unstable();
@@ -121,21 +145,6 @@ impl StateParts {
                         ));
                     }
                     cell.seqs = seqs;
-                }
-                let mut seen: Vec<(i32, i32)> = s
-                    .cells
-                    .iter()
-                    .flat_map(|c| c.seqs.iter().map(|&q| (q, c.pos)))
-                    .collect();
-                seen.sort_unstable();
-                if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
-                    return Err(err(
-                        "seq_id",
-                        "seq_id",
-                        "one cell per sequence and position after renaming (two sequences \
-                         renamed to one)",
-                        format!("sequence {} twice at position {}", w[0].0, w[0].1),
-                    ));
                 }
             }
         }
@@ -207,6 +216,17 @@ impl StateParts {
                     }
                 }
             }
+        }
+    }
+
+    /// In a sequence state, give the cells that list no sequence (the recurrent part's, every
+    /// cell of a build before mid-2025) the state's own sequence (the io header's, the one its
+    /// cells list, else 0), so that renaming and joining see every cell's sequence; written as a
+    /// sequence state again, those cells list none as before ([`StateParts::to_format`]).
+    pub fn own_sequence(&mut self) {
+        if self.format.is_sequence() {
+            let q = self.own_seq().unwrap_or(0);
+            self.own(q);
         }
     }
 
@@ -360,6 +380,7 @@ impl StateParts {
             let q = self.own_seq().unwrap_or(0);
             self.own(q);
         } else {
+            check::one_sequence(self)?;
             if let Some((ci, _, i)) = self.shared_cell() {
                 return Err(err(
                     format!("cache {ci} cell {i} seq_id"),
@@ -374,14 +395,15 @@ impl StateParts {
             for c in &mut self.caches {
                 let recurrent = c.memory.is_recurrent();
                 for cell in c.streams.iter_mut().flat_map(|s| &mut s.cells) {
-                    if recurrent {
+                    if recurrent || !format.n_stream {
                         cell.seqs.clear();
-                    } else if format.n_stream && cell.seqs.is_empty() {
+                    } else if cell.seqs.is_empty() {
                         cell.seqs.push(q);
                     }
                 }
             }
         }
+        check::guarantees(self, format.is_sequence())?;
         if format.container == Container::RawSeq && format.io_magic && self.seq_id.is_none() {
             self.seq_id = Some(self.own_seq().unwrap_or(0));
         }
@@ -500,19 +522,6 @@ pub fn concat(parts: Vec<StateParts>, share: bool) -> Result<StateParts> {
     }
     out.seq_id = None;
     Ok(out)
-}
-
-fn seqs_of(p: &StateParts) -> Vec<i32> {
-    let mut v: Vec<i32> = p
-        .caches
-        .iter()
-        .flat_map(|c| &c.streams)
-        .flat_map(|s| &s.cells)
-        .flat_map(|c| c.seqs.iter().copied())
-        .collect();
-    v.sort_unstable();
-    v.dedup();
-    v
 }
 
 fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts, share: bool) -> Result<()> {
@@ -761,6 +770,51 @@ mod tests {
             Err(WriteError::Request { field, .. }) => field,
             other => panic!("expected a refused request, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn written_states_mean_what_llama_cpp_loads() {
+        // a sequence state of cells of two sequences: refused (llama.cpp makes them one)
+        let two = parts(&[&[0], &[1]]);
+        let e = two.clone().to_format(Format::newest(Container::Ggsq), None);
+        assert_eq!(refused(e), "container");
+        // a 2025 sequence state (cells list none) takes the sequence it is renamed to
+        let mut old = parts(&[&[], &[]]);
+        old.format = Format::newest(Container::Ggsq);
+        old.own_sequence();
+        old.rename(&[(0, 3)]).unwrap();
+        let mut whole = old.clone();
+        whole
+            .to_format(Format::newest(Container::RawState), None)
+            .unwrap();
+        assert_eq!(seqs_of(&whole), vec![3]);
+        // and lists none again as a sequence state of a build without n_stream
+        let mut f = Format::newest(Container::Ggsq);
+        f.n_stream = false;
+        old.to_format(f, None).unwrap();
+        assert!(old.caches[0].streams[0]
+            .cells
+            .iter()
+            .all(|c| c.seqs.is_empty()));
+        // one sequence may hold a position twice (M-RoPE, seq_div): renaming keeps both cells
+        let mut dup = parts(&[&[0], &[0]]);
+        dup.caches[0].streams[0].cells[1].pos = 0;
+        dup.rename(&[(0, 2)]).unwrap();
+        // two sequences renamed to one must not meet at a position
+        let mut meet = parts(&[&[0], &[1]]);
+        meet.caches[0].streams[0].cells[1].pos = 0;
+        assert_eq!(refused(meet.rename(&[(1, 0)])), "seq_id");
+        // an empty cache before one that holds cells: not what llama.cpp writes
+        let mut pair = parts(&[&[0], &[0]]);
+        pair.caches.push(pair.caches[0].clone());
+        pair.keep(&[vec![vec![false, false]], vec![]]).unwrap();
+        let e = pair.to_format(Format::newest(Container::RawState), None);
+        assert_eq!(refused(e), "keep");
+        // two recurrent cells of one sequence: llama.cpp's "duplicate tail"
+        let mut rec = parts(&[&[0], &[0]]);
+        rec.caches[0].memory = Memory::Recurrent { n_layer: 1 };
+        let e = rec.to_format(Format::newest(Container::RawState), None);
+        assert_eq!(refused(e), "seq_id");
     }
 
     #[test]

@@ -137,8 +137,9 @@ impl Format {
                     ),
                 ))
             }
-            Some(2) => {
-                f.version = Some(2);
+            // GGSQ 2 and GGSN 9 are the builds before August 2026, whose cell extension is x, y
+            Some(v @ (2 | 9)) => {
+                f.version = Some(v);
                 f.ext_bytes = 8;
             }
             Some(v) => f.version = Some(v),
