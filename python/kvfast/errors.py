@@ -211,6 +211,7 @@ __all__ = [
     "MatchError",
     "ModelMismatchError",
     "NotFetchedError",
+    "OutputError",
     "PreRopeError",
     "ProbeCrashError",
     "RemoteError",

@@ -183,9 +183,8 @@ fn i32s(b: &[u8]) -> Vec<i32> {
 }
 
 /// The rows of a record, read from `src` when written.
-fn rows_of(src: &SourceBytes, rec: &Record, cells: usize) -> Result<Rows> {
+fn rows_of(src: &SourceBytes, rec: &Record, cells: usize, on_device: bool) -> Result<Rows> {
     // no row at all: a state whose rows stayed on the device (LLAMA_STATE_SEQ_FLAGS_ON_DEVICE)
-    let on_device = rec.data_len == 0 && rec.ty.row_bytes(rec.n_embd).unwrap_or(0) > 0;
     let cells = if on_device { 0 } else { cells };
     let rows = Rows::from_source(
         rec.kind,
@@ -208,7 +207,7 @@ fn rows_of(src: &SourceBytes, rec: &Record, cells: usize) -> Result<Rows> {
     Ok(rows)
 }
 
-fn cache_parts(src: &SourceBytes, cache: &Cache) -> Result<CacheParts> {
+fn cache_parts(src: &SourceBytes, cache: &Cache, on_device: bool) -> Result<CacheParts> {
     let mut streams = Vec::with_capacity(cache.streams.len());
     for s in &cache.streams {
         let n = s.cell_count as usize;
@@ -223,8 +222,8 @@ fn cache_parts(src: &SourceBytes, cache: &Cache) -> Result<CacheParts> {
             .collect();
         let mut layers = Vec::with_capacity(s.layers.len());
         for l in &s.layers {
-            let k = rows_of(src, &l.k, n)?;
-            let v = l.v.as_ref().map(|v| rows_of(src, v, n)).transpose()?;
+            let k = rows_of(src, &l.k, n, on_device)?;
+            let v = l.v.as_ref().map(|v| rows_of(src, v, n, on_device)).transpose()?;
             layers.push((k, v));
         }
         streams.push(StreamParts {
@@ -267,7 +266,7 @@ impl StateParts {
         let caches = layout
             .caches
             .iter()
-            .map(|c| cache_parts(&src, c))
+            .map(|c| cache_parts(&src, c, layout.rows_on_device))
             .collect::<Result<Vec<_>>>()?;
         Ok(StateParts {
             format: Format::of(layout),
