@@ -113,6 +113,11 @@ class MatchError(KvfastError, ValueError):
     field = None
 
 
+class ForkWarning(RuntimeWarning):
+    """This process was forked while Polars' threads ran: kvfast's own passes work in it, Polars
+    operations may never return (see :mod:`kvfast.fork`)."""
+
+
 class TokenMismatchWarning(UserWarning):
     """Two states compared position for position hold different tokens at some positions."""
 
