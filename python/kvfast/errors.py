@@ -170,6 +170,7 @@ __all__ = [
     "ClusterError",
     "ExportError",
     "FileChangedError",
+    "ForkWarning",
     "FormatError",
     "KvfastError",
     "LoadError",
