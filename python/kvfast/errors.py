@@ -59,8 +59,10 @@ class PreRopeError(KvfastError, ValueError):
 
 class SelectionError(KvfastError, ValueError):
     """A selection or geometry argument the state does not have or that makes no sense: a layer,
-    head, cell, cache or stream out of range or not an integer, a head repeated, a kind other than
-    'k'/'v', a head_dim that is not a positive integer dividing every row."""
+    head, cell, cache or stream out of range or not an integer (a bool or a float is none), a head
+    repeated, a kind other than 'k'/'v' ('r'/'s' of the recurrent part), a head_dim that is not a
+    positive integer dividing every row, a dtype or cache type that is no name of one (see
+    :mod:`kvfast.read.select`)."""
 
     kind = "selection"
     offset = None

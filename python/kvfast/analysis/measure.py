@@ -39,13 +39,18 @@ def select(
     skip_first: int = 0,
 ) -> dict[str, Any]:
     """The selection for Rust, checked (kvfast.SelectionError for anything out of range)."""
-    checks.non_negative("skip_first", skip_first)
+    skip(skip_first)
     sel = checks.selection(dump.caches, layers=layers, kinds=kinds, caches=caches, recurrent=dump.recurrent)
     return {
         "caches": sel.caches,
         "layers": sel.layers,
         "kinds": sel.kinds,
     }
+
+
+def skip(skip_first: object) -> int:
+    """``skip_first``: positions are int32 (llama_pos)."""
+    return checks.non_negative("skip_first", skip_first, hi=checks.INT32_MAX)
 
 
 def stats(
@@ -56,6 +61,7 @@ def stats(
     skip_first: int = 0,
 ) -> pl.DataFrame:
     state = dump._live()
+    skip_first = skip(skip_first)
     sel = select(dump, layers, kinds, skip_first=skip_first)
     if by == "cell":
         return pl.DataFrame(_kvfast.cell_stats(state, sel, skip_first))
@@ -92,6 +98,8 @@ def quant_error(
     skip_first: int = 0,
     rotate: bool = True,
 ) -> pl.DataFrame:
+    type = checks.cache_type("type", type)
+    skip_first = skip(skip_first)
     sel = select(dump, layers, kinds, skip_first=skip_first)
     # llama.cpp rotates attention caches only: the recurrent part (kinds r, s) is never rotated
     attention = sel["kinds"] is None or any(k in checks.KINDS for k in sel["kinds"])

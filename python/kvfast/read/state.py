@@ -394,6 +394,7 @@ class State:
             ci = self._recurrent.index
         else:
             ci = 0 if cache is None else select.integer("cache", cache)
+        dtype = select.dtype(dtype)
         buf, name, n_embd, cells, _ = state.rows(ci, rec.stream.index, layer, rec.kind, dtype, stored)
         arr: npt.NDArray[Any] = np.frombuffer(memoryview(buf), dtype=np.dtype(name).newbyteorder("<"))
         return arr.reshape(cells, n_embd)
@@ -419,7 +420,7 @@ class State:
             layers=sel.layers,
             kinds=sel.kinds,
             heads=sel.heads,
-            dtype=dtype,
+            dtype=select.dtype(dtype),
         )
 
     def to_arrow(
