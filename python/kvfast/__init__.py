@@ -10,6 +10,7 @@ from importlib.resources import files
 from typing import TYPE_CHECKING
 
 from kvfast import _aliases
+from kvfast import fork as fork  # its fork hooks, registered at import
 from kvfast._kvfast import __version__
 from kvfast.analysis.compare_scan import compare_scan
 from kvfast.analysis.measure import compare
@@ -21,6 +22,7 @@ from kvfast.errors import (
     ClosedError,
     ExportError,
     FileChangedError,
+    ForkWarning,
     FormatError,
     KvfastError,
     KvfastWarning,
@@ -68,6 +70,7 @@ __all__ = [
     "Dump",
     "ExportError",
     "FileChangedError",
+    "ForkWarning",
     "FormatError",
     "KvfastError",
     "KvfastWarning",

@@ -65,8 +65,10 @@ class PreRopeError(KvfastError, ValueError):
 
 class SelectionError(KvfastError, ValueError):
     """A selection or geometry argument the state does not have or that makes no sense: a layer,
-    head, cell, cache or stream out of range or not an integer, a head repeated, a kind other than
-    'k'/'v', a head_dim that is not a positive integer dividing every row."""
+    head, cell, cache or stream out of range or not an integer (a bool or a float is none), a head
+    repeated, a kind other than 'k'/'v' ('r'/'s' of the recurrent part), a head_dim that is not a
+    positive integer dividing every row, a dtype or cache type that is no name of one (see
+    :mod:`kvfast.read.select`)."""
 
     kind = "selection"
     offset = None
@@ -152,6 +154,11 @@ class MatchError(KvfastError, ValueError):
     field = None
 
 
+class ForkWarning(KvfastWarning, RuntimeWarning):
+    """This process was forked while Polars' threads ran: kvfast's own passes work in it, Polars
+    operations may never return (see :mod:`kvfast.fork`)."""
+
+
 class TokenMismatchWarning(KvfastWarning):
     """Two states compared position for position hold different tokens at some positions."""
 
@@ -204,6 +211,7 @@ __all__ = [
     "ClusterError",
     "ExportError",
     "FileChangedError",
+    "ForkWarning",
     "FormatError",
     "KvfastError",
     "KvfastWarning",

@@ -3,6 +3,7 @@ re-exported here, so ``kvfast.analysis.compare`` and the like keep their names),
 cells are matched (:mod:`.compare_modes`), one state against many (:mod:`.compare_scan`) and the
 keep masks of the usual pruning rules (:mod:`.prune`)."""
 
+from kvfast.analysis import prune
 from kvfast.analysis.measure import (
     LOSS_COLUMNS,
     By,
@@ -19,6 +20,7 @@ __all__ = [
     "By",
     "MatchError",
     "compare",
+    "prune",
     "quant_error",
     "select",
     "simulated_rotation",

@@ -58,7 +58,7 @@ def select(
     skip_first: int = 0,
 ) -> dict[str, Any]:
     """The selection for Rust, checked (kvfast.SelectionError for anything out of range)."""
-    checks.non_negative("skip_first", skip_first)
+    skip(skip_first)
     sel = checks.selection(dump.caches, layers=layers, kinds=kinds, caches=caches, recurrent=dump.recurrent)
     return {
         "caches": sel.caches,
@@ -80,6 +80,11 @@ def parts(
     return list(checks.by_model_layer(dump.caches, model_layers, layers, caches))
 
 
+def skip(skip_first: object) -> int:
+    """``skip_first``: positions are int32 (llama_pos)."""
+    return checks.non_negative("skip_first", skip_first, hi=checks.INT32_MAX)
+
+
 def stats(
     dump: OpenState,
     by: By = "cell",
@@ -89,6 +94,7 @@ def stats(
     caches: Sequence[int] | None = None,
     model_layers: Sequence[int] | None = None,
 ) -> pl.DataFrame:
+    skip_first = skip(skip_first)
     if model_layers is not None:
         frames = [
             stats(dump, by, ls, kinds, skip_first, cs) for cs, ls in parts(dump, layers, caches, model_layers)
@@ -137,6 +143,8 @@ def quant_error(
     columns of :data:`LOSS_COLUMNS` (B = each row quantized and dequantized), ``rotation`` (the
     group llama.cpp rotates in, 0 = none) and, by head, the sums behind them (``sum_sq_err``,
     ``sum_sq``, ``sum_sq_quant``, ``sum_prod``)."""
+    type = checks.cache_type("type", type)
+    skip_first = skip(skip_first)
     if model_layers is not None:
         return pl.concat(
             [

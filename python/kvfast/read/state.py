@@ -442,6 +442,7 @@ class State:
             ci = self._recurrent.index
         else:
             ci = 0 if cache is None else select.integer("cache", cache)
+        dtype = select.dtype(dtype)
         state = self._reading([ci], [rec.kind], stored)
         buf, name, n_embd, cells, _ = state.rows(ci, rec.stream.index, layer, rec.kind, dtype, stored)
         arr: npt.NDArray[Any] = np.frombuffer(memoryview(buf), dtype=np.dtype(name).newbyteorder("<"))
@@ -468,7 +469,7 @@ class State:
             layers=sel.layers,
             kinds=sel.kinds,
             heads=sel.heads,
-            dtype=dtype,
+            dtype=select.dtype(dtype),
         )
 
     def to_arrow(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvfast.errors import WriteError
+from kvfast.read import select
 
 if TYPE_CHECKING:
     from kvfast.read.state import State
@@ -80,7 +81,13 @@ def _positions(dump: State) -> set[int]:
     return {int(p) for c in dump.caches for s in c.streams for p in s.pos.tolist()}
 
 
+def _refuse(message: str) -> WriteError:
+    return WriteError("tokens", message)
+
+
 def given(dump: State, tokens: Sequence[int]) -> list[int]:
     """The words of ``tokens=``: packed as the source's were (a llama-server slot file), else plain."""
-    ts = [int(t) for t in tokens]
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, (Sequence, np.ndarray)):
+        raise WriteError("tokens", f"a list of token ids, not {tokens!r}")
+    ts = [select.integer("a token id", t, 0, select.INT32_MAX, _refuse) for t in tokens]
     return blob(ts) if dump.server_tokens is not None else ts

@@ -18,7 +18,7 @@ import polars as pl
 
 from kvfast import _kvfast
 from kvfast.errors import WriteError, WriteWarning, warn
-from kvfast.read import remote
+from kvfast.read import remote, select
 from kvfast.read.ggml import TYPES
 from kvfast.writing import output
 from kvfast.writing import tokens as wt
@@ -123,22 +123,57 @@ def _as_rows(arr: Any) -> npt.NDArray[np.float32]:
     return np.asarray(arr, dtype=np.float32)
 
 
+def _refuse(field: str) -> select.Refuse:
+    """How select's checks refuse an argument of write: a WriteError naming it."""
+    return lambda message: WriteError(field, message)
+
+
+def _seq_arg(seq_id: Any) -> int | list[int] | None:
+    """``seq_id=`` checked: one sequence id, a list of them (one per source), or None."""
+    if seq_id is None:
+        return None
+    if isinstance(seq_id, Sequence) or (isinstance(seq_id, np.ndarray) and seq_id.ndim == 1):
+        return [select.seq_id("each sequence id", q, _refuse("seq_id")) for q in seq_id]
+    return select.seq_id("a sequence id", seq_id, _refuse("seq_id"))
+
+
+def _seq_map_arg(seq_map: Any) -> dict[int, int] | None:
+    """``seq_map=`` checked: sequence ids to sequence ids."""
+    if seq_map is None:
+        return None
+    if not isinstance(seq_map, Mapping):
+        raise WriteError("seq_map", f"a mapping of sequence ids to sequence ids, not {seq_map!r}")
+    refuse = _refuse("seq_id")  # the ids' rule is seq_id's
+    return {
+        select.seq_id("a sequence id", a, refuse): select.seq_id("a sequence id", b, refuse)
+        for a, b in seq_map.items()
+    }
+
+
 def _values(
     d: State, values: Mapping[tuple[Any, ...], npt.ArrayLike], final: list[list[int]]
 ) -> list[tuple[int, int, int, str, bytes, int]]:
     out = []
+    refuse = _refuse("values")
     for key, arr in values.items():
-        if len(key) == 2:
-            cache, stream, (layer, kind) = 0, None, key
-        elif len(key) == 3:
-            (cache, layer, kind), stream = key, None
-        elif len(key) == 4:
-            cache, stream, layer, kind = key
-        else:
+        if not isinstance(key, tuple) or len(key) not in (2, 3, 4):
             raise WriteError(
                 "values",
                 f"keys (layer, kind), (cache, layer, kind) or (cache, stream, layer, kind), not {key!r}",
             )
+        if len(key) == 2:
+            cache, stream, (layer, kind) = 0, None, key
+        elif len(key) == 3:
+            (cache, layer, kind), stream = key, None
+        else:
+            cache, stream, layer, kind = key
+        cache, layer = (
+            select.integer(f"key {key!r}: {n}", v, error=refuse)
+            for n, v in (("cache", cache), ("layer", layer))
+        )
+        if stream is not None:
+            stream = select.integer(f"key {key!r}: stream", stream, error=refuse)
+        kind = select.kind(kind, refuse)
         if kind not in ("k", "v") or not 0 <= cache < len(d.caches):
             raise WriteError("values", f"{key!r}: K or V of an attention cache (0 to {len(d.caches) - 1})")
         streams = d.caches[cache].streams
@@ -250,12 +285,9 @@ def write(
     if container is None and version is not None:
         container = sources[0].container  # type: ignore[assignment]
     target = container or sources[0].container
-    if seq_id is not None and not isinstance(seq_id, int) and len(seq_id) != len(sources):
+    seq_id, seq_map = _seq_arg(seq_id), _seq_map_arg(seq_map)
+    if isinstance(seq_id, list) and len(seq_id) != len(sources):
         raise WriteError("seq_id", f"one sequence per source ({len(sources)}), not {len(seq_id)}")
-    ids = [] if seq_id is None else [seq_id] if isinstance(seq_id, int) else list(seq_id)
-    for new_id in [*ids, *(seq_map or {}).values()]:
-        if not isinstance(new_id, (int, np.integer)):
-            raise WriteError("seq_id", f"sequence ids are integers, not {new_id!r}")
     edited = (
         keep,
         cache_type_k,
@@ -325,6 +357,9 @@ def write(
             }
         )
     first = sources[0]
+    for name, ty in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v)):
+        if ty is not None:
+            select.cache_type(name, ty, _refuse(name))
     if tokens is not None:
         token_words = wt.given(first, tokens)
     elif len(sources) > 1:

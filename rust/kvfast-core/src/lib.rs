@@ -8,6 +8,7 @@ pub mod error;
 pub mod format;
 pub mod model;
 pub mod open;
+pub mod parallel;
 pub mod plan;
 pub mod source;
 pub mod stats;

@@ -55,19 +55,20 @@ pub enum TableError {
 pub fn cell_stats(p: &Pass, skip_first: i32) -> Result<Vec<Table>, TableError> {
     // the records in parallel too: a record's index columns are built on one thread, so one
     // record at a time would leave the other threads idle while they are
-    let mut out = p
-        .jobs()?
-        .par_iter()
-        .map(|job| -> Result<Table, TableError> {
-            let pairs = cell_seq_pairs(job.stream, p.layout().own_seq(), skip_first);
-            let cells: Vec<usize> = pairs.iter().map(|c| c.0).collect();
-            let stats = stats_of_cells(&p.sf.view(job)?, &cells, job.head_dim);
-            let heads: Vec<u32> = (0..job.n_heads() as u32).collect();
-            let mut t = columns::value_index(job, &pairs, &heads, p.model_layer(job));
-            push_cell_stats(&mut t, stats);
-            Ok(t)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let jobs = p.jobs()?;
+    let mut out = crate::parallel::install(|| {
+        jobs.par_iter()
+            .map(|job| -> Result<Table, TableError> {
+                let pairs = cell_seq_pairs(job.stream, p.layout().own_seq(), skip_first);
+                let cells: Vec<usize> = pairs.iter().map(|c| c.0).collect();
+                let stats = stats_of_cells(&p.sf.view(job)?, &cells, job.head_dim);
+                let heads: Vec<u32> = (0..job.n_heads() as u32).collect();
+                let mut t = columns::value_index(job, &pairs, &heads, p.model_layer(job));
+                push_cell_stats(&mut t, stats);
+                Ok(t)
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })?;
     if out.is_empty() {
         let mut t = columns::empty_value_index();
         push_cell_stats(&mut t, CellStats::default());
@@ -171,19 +172,21 @@ pub fn aggregate(p: &Pass, skip_first: i32) -> Result<[Table; 3], TableError> {
     let groups = grouped(p.jobs()?);
     // the groups' sums in parallel too (each is parallel inside: a small record alone would
     // leave threads idle), then the rows in order
-    let accs = groups
-        .par_iter()
-        .map(|group| -> Result<Accum, TableError> {
-            let j0 = &group[0];
-            let (hd, n) = (j0.head_dim, j0.rec.n_embd as usize);
-            let mut acc = Accum::new(n, n / hd);
-            for job in group {
-                let cells = cells_from(job.stream, skip_first);
-                acc.merge(&accumulate(&p.sf.view(job)?, &cells, hd));
-            }
-            Ok(acc)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let accs = crate::parallel::install(|| {
+        groups
+            .par_iter()
+            .map(|group| -> Result<Accum, TableError> {
+                let j0 = &group[0];
+                let (hd, n) = (j0.head_dim, j0.rec.n_embd as usize);
+                let mut acc = Accum::new(n, n / hd);
+                for job in group {
+                    let cells = cells_from(job.stream, skip_first);
+                    acc.merge(&accumulate(&p.sf.view(job)?, &cells, hd));
+                }
+                Ok(acc)
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })?;
     for (group, acc) in groups.iter().zip(accs) {
         let j0 = &group[0];
         let hd = j0.head_dim;

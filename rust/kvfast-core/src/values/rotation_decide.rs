@@ -361,20 +361,22 @@ impl Ctx<'_> {
     /// non-Gaussian and clearly above the other reading (as stored, or undone).
     fn by_values(&self, recs: &[(&Record, usize)], candidates: &[usize], margin: f64) -> Measured {
         // per record: the kurtosis as stored, then undone in each candidate group (in parallel)
-        let per_layer: Vec<Vec<f64>> = sampled(recs)
-            .into_par_iter()
-            .filter_map(|(rec, cells)| {
-                let n = cells.min(SAMPLE_CELLS);
-                let width = rec.n_embd as usize;
-                if n == 0 || width == 0 {
-                    return None;
-                }
-                let c0 = sample_start(cells);
-                let mut x = vec![0f32; n * width];
-                RecordView::new(self.state.bytes(), rec, cells).decode(c0, c0 + n, &mut x);
-                Some(kurtoses(x, candidates))
-            })
-            .collect();
+        let per_layer: Vec<Vec<f64>> = crate::parallel::install(|| {
+            sampled(recs)
+                .into_par_iter()
+                .filter_map(|(rec, cells)| {
+                    let n = cells.min(SAMPLE_CELLS);
+                    let width = rec.n_embd as usize;
+                    if n == 0 || width == 0 {
+                        return None;
+                    }
+                    let c0 = sample_start(cells);
+                    let mut x = vec![0f32; n * width];
+                    RecordView::new(self.state.bytes(), rec, cells).decode(c0, c0 + n, &mut x);
+                    Some(kurtoses(x, candidates))
+                })
+                .collect()
+        });
         if per_layer.is_empty() {
             return (None, "no cells to measure".into());
         }
