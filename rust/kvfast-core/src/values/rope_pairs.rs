@@ -107,25 +107,30 @@ pub fn advances(rows: &[f32], width: usize, pos: &[i32], head: usize) -> Advance
     }
     let half = head / 2;
     let pairs = (head / 16).max(1);
-    for h in 0..width / head {
-        for i in 0..pairs {
-            let (ca, cb) = (h * head + i, h * head + i + half);
-            let (mut im, mut mag) = (0f64, 0f64);
-            for &t in &steps {
-                let (r0, r1) = (
-                    &rows[(t - 1) * width..t * width],
-                    &rows[t * width..(t + 1) * width],
-                );
+    // per pair (head h, pair i): the sums of Im(z_(t+1) conj(z_t)) and |z_(t+1)| |z_t|
+    let n = width / head * pairs;
+    let (mut im, mut mag) = (vec![0f64; n], vec![0f64; n]);
+    for &t in &steps {
+        let (r0, r1) = (
+            &rows[(t - 1) * width..t * width],
+            &rows[t * width..(t + 1) * width],
+        );
+        for h in 0..width / head {
+            for i in 0..pairs {
+                let (ca, cb) = (h * head + i, h * head + i + half);
                 let (a0, b0, a1, b1) = (r0[ca] as f64, r0[cb] as f64, r1[ca] as f64, r1[cb] as f64);
-                im += b1 * a0 - a1 * b0;
-                mag += a0.hypot(b0) * a1.hypot(b1);
+                let k = h * pairs + i;
+                im[k] += b1 * a0 - a1 * b0;
+                mag[k] += ((a0 * a0 + b0 * b0) * (a1 * a1 + b1 * b1)).sqrt();
             }
-            if mag > 0.0 && mag.is_finite() && im.is_finite() {
-                let c = im / mag;
-                out.sum += c;
-                out.sum_sq += c * c;
-                out.n += 1;
-            }
+        }
+    }
+    for (&im, &mag) in im.iter().zip(&mag) {
+        if mag > 0.0 && mag.is_finite() && im.is_finite() {
+            let c = im / mag;
+            out.sum += c;
+            out.sum_sq += c * c;
+            out.n += 1;
         }
     }
     out
