@@ -321,3 +321,31 @@ def test_a_state_without_flash_attention_loads_into_one_with_it(tmp_path: Path) 
         assert got.argmax() == ref.argmax() and rel(got, ref) < 1e-2
     with Replay(HD128, ctk="q8_0", fa=True) as r:
         assert np.isfinite(next_logits(r, tmp_path / "q8.ggsq", len(PROMPT))).all()
+
+
+def test_mla_k_requantized_as_llama_cpp_stores_it(tmp_path: Path) -> None:
+    """Issue 25: a V-less MLA cache's K (deepseek2) is read through llama.cpp's K-only attention,
+    which never rotates: an f16 state written as q8_0 stores K as computed, so loaded into
+    llama.cpp its logits are as close to llama.cpp's own q8_0 cache as that cache is to f16 (K
+    rotated in groups of 64, as before the fix, was off by up to 31)."""
+    model = MODELS / "tiny-deepseek2-mla.gguf"
+    toks = json.loads((DATA / "deepseek2mla-f16-fa/probe.json").read_text())["seqs"][0]
+    with Replay(model, ctk="f16") as r:
+        r.prompt(toks)
+        r.save(tmp_path / "f16.ggsq", "seq_file", tokens=toks)
+        full = r.step(NEXT, len(toks))
+    with Replay(model, ctk="q8_0") as r:
+        r.prompt(toks)
+        r.save(tmp_path / "q8.ggsq", "seq_file", tokens=toks)
+        native = r.step(NEXT, len(toks))
+        with opened(tmp_path / "f16.ggsq", model) as d:
+            assert d._live().rule_group(0, "k", "q8_0") == 0
+            for c in CONTAINERS:
+                kvfast.write(d, tmp_path / f"w.{c}", container=c, cache_type_k="q8_0")
+                got = next_logits(r, tmp_path / f"w.{c}", len(toks))
+                assert np.abs(got - native).max() <= 2 * np.abs(full - native).max() + 1e-3, c
+    # the stored bytes are llama.cpp's own q8_0 K's (the same quantizer on the same values)
+    with opened(tmp_path / "w.ggsq", model) as w, opened(tmp_path / "q8.ggsq", model) as q:
+        assert [r.undone for r in w.rotation] == [False]
+        for layer in range(2):
+            assert rel(w.values(layer, "k", stored=True), q.values(layer, "k", stored=True)) < 0.01

@@ -22,7 +22,6 @@ from kvfast.analysis.compare_modes import (
     tokens_unknown,
 )
 from kvfast.errors import MatchError, RotationWarning, TokenMismatchWarning, warn
-from kvfast.read import ggml
 from kvfast.read import select as checks
 from kvfast.read.opened import OpenState
 
@@ -180,14 +179,14 @@ def simulated_rotation(dump: OpenState, type: str) -> tuple[int, int]:
     """The (K, V) groups llama.cpp would rotate a cache of ``type`` in, for this state's model: from
     the head sizes where known, else from the rotation found in the state itself; (0 = none)."""
     out = []
-    for kind, head_dim in (("k", dump.head_dim_k), ("v", dump.head_dim_v)):
-        if head_dim is not None:
-            out.append(_kvfast.rotation_group(kind, type, head_dim) or 0)
+    for kind in ("k", "v"):
+        # llama.cpp's rule for this state's first attention cache (what loss_table simulates)
+        ruled = next((dump._live().rule_group(c.index, kind, type) for c in dump.caches[:1]), 0)
+        if ruled is not None:
+            out.append(ruled)
             continue
         found = [r.group for r in dump.rotation if r.kind == kind and r.group]
-        if ggml.is_float(type):
-            out.append(0)
-        elif found:
+        if found:
             # a state rotated in group g has a head size g divides (and, for K, 2g does not)
             out.append(found[0])
         else:

@@ -2,7 +2,8 @@
 whether the llama.cpp build rotated quantized caches.
 
 The probe runner (:mod:`kvfast.probe`) writes ``manifest.parquet`` next to the states it saves;
-:func:`kvfast.open` looks there only when it is given neither a model nor a head size. A manifest is
+:func:`kvfast.open` takes the build's rotation from it always (a whole state's container does not date
+it), the geometry and token pieces only when it is given neither a model nor a head size. A manifest is
 parsed once per directory and kept while its file is unchanged (same modification time, size and
 inode), so opening 200 states beside one manifest reads it once. A file of that name that is not a
 probe manifest (another tool's: columns missing or of other types) gives no hint, never an error.

@@ -53,15 +53,15 @@ class State:
         #: Token pieces of the state's tokens, when a probe manifest beside it records them.
         self.pieces: list[str] | None = None
         hint: tuple[bool, str] | None = None
-        if model is None and head_dim is None and not is_url:
-            found = probe_manifest.recorded_for(self.path)
-            if found is not None:
+        # a probe manifest beside the state: its build's rotation always (whole states and sequence
+        # states alike), its geometry and token pieces where no model or head size is given
+        found = None if is_url else probe_manifest.recorded_for(self.path)
+        if found is not None:
+            if model is None and head_dim is None:
                 model, self.pieces = found.geometry, found.pieces
-                if found.attn_rot is not None:
-                    says = (
-                        "rotates" if found.attn_rot else "does not rotate (or LLAMA_ATTN_ROT_DISABLE was set)"
-                    )
-                    hint = (found.attn_rot, f"probe manifest: the llama.cpp build {says}")
+            if found.attn_rot is not None:
+                says = "rotates" if found.attn_rot else "does not rotate (or LLAMA_ATTN_ROT_DISABLE was set)"
+                hint = (found.attn_rot, f"probe manifest: the llama.cpp build {says}")
         #: The GGUF file given as ``model`` (its vocabulary gives token pieces).
         self.model_path: str | None = None
         if model is not None and not isinstance(model, ModelGeometry):

@@ -57,19 +57,12 @@ def _stored_group(d: State, cache: int, kind: str) -> int:
 
 
 def _target_group(d: State, cache: int, kind: str, ty: str, rotate: bool) -> int:
-    """The group llama.cpp stores ``kind`` rows of type ``ty`` rotated in (0: not rotated)."""
-    if not rotate or TYPES[ty].block_len == 1:
+    """The group llama.cpp stores ``kind`` rows of type ``ty`` rotated in (0: not rotated), by its
+    rule for this cache (kvfast-core's: a V-less MLA cache's K, read through K-only attention, never)."""
+    if not rotate:
         return 0
-    head = d.head_dim_k if kind == "k" else d.head_dim_v
-    if head is None:
-        widths = {
-            w
-            for s in d.caches[cache].streams
-            for layer in s.layers
-            if (w := getattr(layer, f"n_embd_{kind}")) is not None
-        }
-        if all(w % 64 for w in widths):
-            return 0  # no head size that divides these rows is a multiple of 64: never rotated
+    group = d._live().rule_group(cache, kind, ty)
+    if group is None:
         raise WriteError(
             f"cache_type_{kind}",
             f"llama.cpp stores a {ty} cache rotated when its head size is a multiple of 64, and "
@@ -77,7 +70,7 @@ def _target_group(d: State, cache: int, kind: str, ty: str, rotate: bool) -> int
             "command line), or pass rotate=False (--no-rotate) for a llama.cpp run with "
             "LLAMA_ATTN_ROT_DISABLE=1",
         )
-    return int(_kvfast.rotation_group(kind, ty, head) or 0)
+    return int(group)
 
 
 def _retype(
