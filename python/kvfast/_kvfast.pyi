@@ -30,6 +30,8 @@ __all__ = [
     "UnsupportedVersionError",
     "__version__",
     "aggregate_stats",
+    "attention",
+    "attention_layers",
     "attention_map",
     "cell_stats",
     "compare",
@@ -165,6 +167,24 @@ def write_state(
 ) -> int: ...
 def quantize(type_name: str, values: list[float] | Any) -> bytes: ...
 def compare(a: State, b: State, sel: dict[str, Any]) -> ArrowStream: ...
+def attention_layers(model: str | PathLike[str]) -> list[dict[str, Any]]: ...
+def attention(
+    state: State,
+    model: str | PathLike[str],
+    values: Any,
+    row_len: int,
+    pos: Any,
+    seq: Any,
+    blocks: list[tuple[int, int, int, int]],
+    what: str,
+    k: int = 0,
+    layers: list[int] | None = None,
+    heads: list[int] | None = None,
+    scale: dict[int, float] | None = None,
+    sinks: dict[int, list[float]] | None = None,
+    incomplete: str = "error",
+    chunk: int = 64,
+) -> ArrowStream: ...
 def compare_positions(a: State, b: State, sel: dict[str, Any], below: int | None = None) -> ArrowStream: ...
 def write_parquet(
     state: State,

@@ -206,8 +206,8 @@ impl LayerAttn {
             let mscale = match rope {
                 Some(r) if r.global.ext_factor != 0.0 && r.global.freq_scale != 1.0 => {
                     let fs = f64::from(r.global.freq_scale);
-                    let log_mul = number(meta, &key("rope.scaling.yarn_log_multiplier"))?
-                        .unwrap_or(0.0);
+                    let log_mul =
+                        number(meta, &key("rope.scaling.yarn_log_multiplier"))?.unwrap_or(0.0);
                     let org = f64::from(r.global.attn_factor) * (1.0 + 0.1 * (1.0 / fs).ln());
                     org * (1.0 + 0.1 * log_mul * (1.0 / fs).ln())
                 }
@@ -370,8 +370,8 @@ mod tests {
         let q = LayerAttn::of_model(&Model::read(dir.join("tiny-qwen3.gguf")).unwrap()).unwrap();
         assert_eq!(q.len(), 2);
         assert_eq!((q[0].n_head, q[0].n_head_kv, q[0].head_dim), (4, 2, 32));
-        let d =
-            LayerAttn::of_model(&Model::read(dir.join("tiny-deepseek2-mla.gguf")).unwrap()).unwrap();
+        let d = LayerAttn::of_model(&Model::read(dir.join("tiny-deepseek2-mla.gguf")).unwrap())
+            .unwrap();
         assert_eq!((d[0].n_head, d[0].n_head_kv, d[0].head_dim), (4, 1, 192));
         assert_eq!(d[0].scale, 1.0 / 96f64.sqrt()); // key_length_mla = 32 + 64
         let h = LayerAttn::of_model(&Model::read(dir.join("tiny-qwen35.gguf")).unwrap()).unwrap();

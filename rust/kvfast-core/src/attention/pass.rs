@@ -152,7 +152,12 @@ impl Request<'_> {
             if cache.memory.is_recurrent() {
                 continue;
             }
-            let n_layers = cache.streams.iter().map(|s| s.layers.len()).max().unwrap_or(0);
+            let n_layers = cache
+                .streams
+                .iter()
+                .map(|s| s.layers.len())
+                .max()
+                .unwrap_or(0);
             if n_layers == 0 {
                 continue;
             }
@@ -173,12 +178,14 @@ impl Request<'_> {
                 let Some(attn) = self.layers.iter().find(|l| l.model_layer == ml) else {
                     return Err(queries_err(
                         "model",
-                        format!("model layer {ml} is in cache {ci} but the model gives it no attention"),
+                        format!(
+                            "model layer {ml} is in cache {ci} but the model gives it no attention"
+                        ),
                     ));
                 };
                 if (block.n_head, block.head_dim) != (attn.n_head, attn.head_dim) {
                     return Err(queries_err(
-                        "queries",
+                        "model",
                         format!(
                             "model layer {ml}: the queries have {} heads of {} values, the model \
                              {} of {}",
@@ -190,7 +197,11 @@ impl Request<'_> {
                     if s.len() != attn.n_head {
                         return Err(queries_err(
                             "sinks",
-                            format!("model layer {ml}: {} sinks for {} heads", s.len(), attn.n_head),
+                            format!(
+                                "model layer {ml}: {} sinks for {} heads",
+                                s.len(),
+                                attn.n_head
+                            ),
                         ));
                     }
                 }
@@ -200,7 +211,10 @@ impl Request<'_> {
                         if let Some(h) = hs.iter().find(|h| **h as usize >= attn.n_head) {
                             return Err(queries_err(
                                 "heads",
-                                format!("head {h} out of range: model layer {ml} has {} query heads", attn.n_head),
+                                format!(
+                                    "head {h} out of range: model layer {ml} has {} query heads",
+                                    attn.n_head
+                                ),
                             ));
                         }
                         hs.iter().map(|h| *h as usize).collect()
@@ -220,7 +234,9 @@ impl Request<'_> {
                 if !out.iter().any(|t| t.attn.model_layer == *ml) {
                     return Err(queries_err(
                         "layers",
-                        format!("model layer {ml}: no attention layer of the state has queries for it"),
+                        format!(
+                            "model layer {ml}: no attention layer of the state has queries for it"
+                        ),
                     ));
                 }
             }
@@ -231,7 +247,12 @@ impl Request<'_> {
     /// Decode a task's keys, every stream of its cache.
     fn keys(&self, t: &Task) -> Result<Keys<'_>, AttnError> {
         let op = self.opened;
-        let sel = op.selection(Some(vec![t.cache]), Some(vec![t.layer]), vec![Kind::K], None);
+        let sel = op.selection(
+            Some(vec![t.cache]),
+            Some(vec![t.layer]),
+            vec![Kind::K],
+            None,
+        );
         let n_embd = t.attn.n_head_kv * t.attn.head_dim;
         let mut keys = Keys {
             rows: vec![],
@@ -376,15 +397,20 @@ impl Rows {
     }
 }
 
+/// One task's inputs, as every chunk of its queries reads them.
+struct Ctx<'a> {
+    req: &'a Request<'a>,
+    t: &'a Task<'a>,
+    keys: &'a Keys<'a>,
+    /// Per sequence, the positions the state holds (see [`positions`]).
+    held: &'a HashMap<i32, Vec<i32>>,
+    /// Per stream, the index of its first cell in a row of every stream's cells (and the total).
+    starts: &'a [usize],
+}
+
 /// The cells query `r` sees in a task's cache, checked against what its sequence holds.
-fn seen(
-    req: &Request,
-    t: &Task,
-    keys: &Keys,
-    held: &HashMap<i32, Vec<i32>>,
-    r: usize,
-    out: &mut Vec<Seen>,
-) -> Result<bool, AttnError> {
+fn seen(x: &Ctx, r: usize, out: &mut Vec<Seen>) -> Result<bool, AttnError> {
+    let (req, t, keys, held) = (x.req, x.t, x.keys, x.held);
     let (p1, sq) = (req.queries.pos[r], req.queries.seq[r]);
     let own = req.opened.state.layout.own_seq();
     let w = t.attn.window;
@@ -416,7 +442,7 @@ fn seen(
     }
     match req.incomplete {
         Incomplete::Skip => Ok(false),
-        Incomplete::Error => Err(AttnError::Incomplete(if out.is_empty() {
+        Incomplete::Error => Err(AttnError::Incomplete(if expected == 0 {
             format!(
                 "cache {} layer {} (model layer {}): the query of sequence {sq} at position {p1} \
                  sees no cell of the state",
@@ -440,15 +466,12 @@ fn seen(
 /// One chunk of queries of a task: rows of its reduction, and (for the mass) its sums per head
 /// and cell (cells of every stream in a row).
 fn chunk(
-    req: &Request,
-    t: &Task,
-    keys: &Keys,
-    held: &HashMap<i32, Vec<i32>>,
+    x: &Ctx,
     qs: std::ops::Range<usize>,
     what: Reduce,
     mass: &mut [(f64, u32)],
-    starts: &[usize],
 ) -> Result<Rows, AttnError> {
+    let (req, t, keys, starts) = (x.req, x.t, x.keys, x.starts);
     let q = &req.queries;
     let d = t.attn.head_dim;
     let mut rows = Rows::default();
@@ -456,7 +479,7 @@ fn chunk(
     let mut w: Vec<f64> = vec![];
     let n_cells = *starts.last().unwrap_or(&0);
     for r in qs {
-        if !seen(req, t, keys, held, r, &mut cells)? {
+        if !seen(x, r, &mut cells)? {
             continue;
         }
         let (p1, sq) = (q.pos[r], q.seq[r] as u8);
@@ -518,14 +541,28 @@ pub fn run(req: &Request, what: Reduce) -> Result<Vec<Table>, AttnError> {
             starts.push(starts.last().unwrap() + s.cell_count as usize);
         }
         let n_cells = *starts.last().unwrap();
-        let width = if what == Reduce::Mass { t.heads.len() * n_cells } else { 0 };
-        let chunks: Vec<_> = (0..n).step_by(req.chunk).map(|a| a..(a + req.chunk).min(n)).collect();
+        let ctx = Ctx {
+            req,
+            t,
+            keys: &keys,
+            held: &held,
+            starts: &starts,
+        };
+        let width = if what == Reduce::Mass {
+            t.heads.len() * n_cells
+        } else {
+            0
+        };
+        let chunks: Vec<_> = (0..n)
+            .step_by(req.chunk)
+            .map(|a| a..(a + req.chunk).min(n))
+            .collect();
         let (rows, mass) = chunks
             .into_par_iter()
             .try_fold(
                 || (Rows::default(), vec![(0f64, 0u32); width]),
                 |(mut rows, mut mass), qs| {
-                    let r = chunk(req, t, &keys, &held, qs, what, &mut mass, &starts)?;
+                    let r = chunk(&ctx, qs, what, &mut mass)?;
                     rows.append(r);
                     Ok::<_, AttnError>((rows, mass))
                 },
