@@ -194,3 +194,65 @@ def test_bad_requests_name_what_is_wrong() -> None:
         attn.attention(st, attn.Queries.from_arrays({0: np.zeros((1, 4, 32), np.float32)}, [3]))
     with pytest.raises(ValueError, match="values of shape"):
         attn.Queries(np.zeros((2, 4), np.float32), np.zeros(3, np.int32), np.zeros(3, np.int32), [])
+
+
+def sidecar(q: attn.Queries, path: Path) -> Path:
+    """Queries as the probe runner writes them (values .npy and the JSON sidecar)."""
+    np.save(path.with_name(path.name + ".npy"), q.values)
+    side = {
+        "format": "kvfast-queries",
+        "version": 1,
+        "values": path.name + ".npy",
+        "shape": list(q.values.shape),
+        "model": str(QWEN3),
+        "rows": {"pos": q.pos.tolist(), "seq": q.seq.tolist()},
+        "layers": [
+            {"model_layer": x.model_layer, "offset": x.offset, "n_head": 4, "head_dim": 32} for x in q.layers
+        ],
+    }
+    out = path.with_name(path.name + ".json")
+    out.write_text(json.dumps(side))
+    return out
+
+
+def test_attention_scores_for_pruning(tmp_path: Path) -> None:
+    from kvfast.cli import main
+
+    with kvfast.open(STATE, model=QWEN3) as st:
+        q = random_queries([3, 4, 5, 6], seed=3)
+        per_cell = attn.mass(st, q).group_by("cell").agg(pl.col("mass").sum()).sort("cell")
+        h2o = attn.scores(st, q, "h2o").sort("cell")
+        np.testing.assert_allclose(h2o["score"], per_cell["mass"], rtol=1e-12)
+        last = random_queries([6], seed=3)  # TOVA: the last query alone (the same vectors: row 3)
+        last.values[:] = q.values[3:]
+        tova = attn.scores(st, q, "tova").sort("cell")
+        np.testing.assert_allclose(
+            tova["score"], attn.mass(st, last).group_by("cell").agg(pl.col("mass").sum()).sort("cell")["mass"]
+        )
+        snap = attn.scores(st, q, "snapkv", observe=2, pool=1).sort("cell")
+        two = attn.Queries(q.values[2:].copy(), q.pos[2:], q.seq[2:], q.layers, q.model)
+        want = attn.mass(st, two).group_by("cell").agg(pl.col("mass").sum()).sort("cell")["mass"]
+        np.testing.assert_allclose(snap["score"], want)
+        pooled = attn.scores(st, q, "snapkv", observe=2, pool=3).sort("cell")["score"].to_numpy()
+        np.testing.assert_allclose(pooled[1], want[:3].mean())  # a centred mean of 3 cells
+        keep = attn.by_attention(st, q, 0.5, "h2o", sinks=1, window=1)
+        assert len(keep) == 7 and keep[0] and keep[6]  # the sink and the last position kept
+        free = h2o.filter(pl.col("pos").is_between(1, 5)).sort("score")["cell"].to_list()
+        assert [c for c in range(7) if not keep[c]] == sorted(free[:2])  # floor(5 * 0.5) least attended go
+        n = kvfast.write(st, tmp_path / "pruned.bin", keep=keep)
+        assert n > 0
+        s = attn.sinks(st, q)
+        assert s.columns == ["cache", "stream", "cell", "pos", "share", "k_l2", "share_rank", "k_l2_rank"]
+        assert s["share_rank"].to_list()[0] == 1 and s.height == 7
+        with pytest.raises(ValueError, match="rule must be one of"):
+            attn.scores(st, q, "knorm")  # type: ignore[arg-type]
+    with kvfast.open(tmp_path / "pruned.bin", model=QWEN3) as e:
+        assert e.caches[0].streams[0].pos.tolist() == [c for c in range(7) if keep[c]]
+    side = sidecar(q, tmp_path / "q.queries")
+    out = tmp_path / "cli.bin"
+    args = ["prune", str(STATE), "-o", str(out), "--ratio", "0.5", "--sinks", "1", "--model", str(QWEN3)]
+    assert main([*args, "--score", "h2o", "--queries", str(side)]) == 0
+    with kvfast.open(out, model=QWEN3) as e:
+        assert e.caches[0].streams[0].pos.tolist() == [c for c in range(7) if keep[c]]
+    with pytest.raises(SystemExit, match="needs --queries"):
+        main([*args, "--score", "tova"])

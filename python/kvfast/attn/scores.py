@@ -90,3 +90,32 @@ def by_attention(
     frame = cells(state).join(s.drop("pos"), on=KEYS, how="left", maintain_order="left")
     expr = by_score(ratio, "score", "lowest", sinks, window)
     return [bool(x) for x in frame.select(expr.alias("keep"))["keep"].fill_null(True)]
+
+
+def sinks(
+    state: State,
+    queries: QueriesArg,
+    *,
+    model: str | os.PathLike[str] | None = None,
+    incomplete: Incomplete = "skip",
+) -> pl.DataFrame:
+    """Attention sinks two ways, per cell of each cache (cache, stream, cell, pos): ``share``, the
+    mean share of a query head's attention it received (its mass over layers and heads, divided by
+    the query heads that saw it: StreamingLLM's sinks are the first cells, by this), and ``k_l2``,
+    its key norm (mean over layers and heads: :meth:`kvfast.State.stats`), each with its rank
+    (``share_rank`` and ``k_l2_rank``, 1 the largest), largest share first."""
+    q = queries if isinstance(queries, Queries) else Queries.load(queries)
+    m = mass(state, q, model=model, incomplete=incomplete)
+    per = m.group_by([*KEYS, "pos"]).agg((pl.col("mass").sum() / pl.col("queries").sum()).alias("share"))
+    per = per.with_columns(pl.col(c).cast(pl.Int32) for c in KEYS)
+    norms = (
+        state.stats(by="cell", kinds=["k"])
+        .group_by(KEYS)
+        .agg(pl.col("l2").mean().alias("k_l2"))
+        .with_columns(pl.col(c).cast(pl.Int32) for c in KEYS)
+    )
+    out = per.join(norms, on=KEYS, how="left")
+    return out.with_columns(
+        pl.col("share").rank("min", descending=True).over("cache").alias("share_rank"),
+        pl.col("k_l2").rank("min", descending=True).over("cache").alias("k_l2_rank"),
+    ).sort(["cache", "share_rank", "stream", "cell"])

@@ -15,7 +15,7 @@ pub struct Keys<'a> {
 /// A cell a query sees: (stream index among the cache's, cell).
 pub type Seen = (u32, u32);
 
-/// `scale * q . k` of each seen cell, soft-capped, into `logits` (cleared first).
+/// `scale * q . k` of each seen cell, soft-capped (`cap * tanh(x / cap)`), into `logits`.
 pub fn logits(
     layer: &LayerAttn,
     keys: &Keys,
@@ -24,22 +24,86 @@ pub fn logits(
     seen: &[Seen],
     logits: &mut Vec<f64>,
 ) {
+    block_logits(layer, keys, head, &[q], seen, logits);
+}
+
+/// [`logits`] of a block of queries (of one head) over the union of the cells they see, each K
+/// row read once for all of them: `out[i * seen.len() + u]` for query `i` and cell `seen[u]`.
+pub fn block_logits(
+    layer: &LayerAttn,
+    keys: &Keys,
+    head: usize,
+    qs: &[&[f32]],
+    seen: &[Seen],
+    out: &mut Vec<f64>,
+) {
     let d = layer.head_dim;
     let at = layer.kv_head(head) * d;
-    logits.clear();
-    logits.extend(seen.iter().map(|&(s, c)| {
-        let row = &keys.rows[s as usize][c as usize * keys.n_embd + at..][..d];
-        let dot: f64 = q
-            .iter()
-            .zip(row)
-            .map(|(a, b)| f64::from(*a) * f64::from(*b))
-            .sum();
-        let x = layer.scale * dot;
-        match layer.softcap {
-            Some(cap) => cap * (x / cap).tanh(),
-            None => x,
+    out.clear();
+    out.resize(qs.len() * seen.len(), 0.0);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            unsafe { dots_avx2(keys, at, d, qs, seen, out) };
+        } else {
+            dots(keys, at, d, qs, seen, out);
         }
-    }));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    dots(keys, at, d, qs, seen, out);
+    for x in out.iter_mut() {
+        let v = layer.scale * *x;
+        *x = match layer.softcap {
+            Some(cap) => cap * (v / cap).tanh(),
+            None => v,
+        };
+    }
+}
+
+/// Every query's `q . k` with every seen cell's K row (`d` values from `at`).
+#[inline(always)]
+fn dots(keys: &Keys, at: usize, d: usize, qs: &[&[f32]], seen: &[Seen], out: &mut [f64]) {
+    let n = seen.len();
+    for (u, &(s, c)) in seen.iter().enumerate() {
+        let row = &keys.rows[s as usize][c as usize * keys.n_embd + at..][..d];
+        for (i, q) in qs.iter().enumerate() {
+            out[i * n + u] = dot(q, row);
+        }
+    }
+}
+
+/// [`dots`] compiled for AVX2 and FMA (four f64 products a vector, fused adds).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots_avx2(
+    keys: &Keys,
+    at: usize,
+    d: usize,
+    qs: &[&[f32]],
+    seen: &[Seen],
+    out: &mut [f64],
+) {
+    dots(keys, at, d, qs, seen, out)
+}
+
+/// `a . b` in f64, over eight running sums (which the compiler keeps in vector registers).
+#[inline(always)]
+pub fn dot(a: &[f32], b: &[f32]) -> f64 {
+    let mut acc = [0f64; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f64 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for ((s, x), y) in acc.iter_mut().zip(x).zip(y) {
+            *s += f64::from(*x) * f64::from(*y);
+        }
+    }
+    acc.iter().sum::<f64>() + tail
 }
 
 /// The softmax of `logits` in place, with `sink` (a logit that takes its share of the mass and
@@ -98,6 +162,14 @@ mod tests {
         assert!((entropy(&[0.5, 0.5]) - 2f64.ln()).abs() < 1e-15);
         assert_eq!(top_k(&[0.1, 0.5, 0.5, 0.2], 3), [1, 2, 3]);
         assert_eq!(top_k(&[0.1, 0.5], 5), [1, 0]);
+        let a: Vec<f32> = (0..19).map(|i| i as f32 * 0.5).collect();
+        let b: Vec<f32> = (0..19).map(|i| 1.0 - i as f32).collect();
+        let want: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| f64::from(*x) * f64::from(*y))
+            .sum();
+        assert_eq!(dot(&a, &b), want);
     }
 
     #[test]

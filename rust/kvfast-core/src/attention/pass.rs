@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use rayon::prelude::*;
 
-use crate::attention::kernel::{entropy, logits, softmax, top_k, Keys, Seen};
+use crate::attention::kernel::{block_logits, entropy, softmax, top_k, Keys, Seen};
 use crate::attention::params::LayerAttn;
 use crate::attention::AttnError;
 use crate::format::layout::Kind;
@@ -75,6 +75,9 @@ pub struct Request<'a> {
     /// Queries per parallel chunk.
     pub chunk: usize,
 }
+
+/// Queries whose logits are computed together, each K row read once for all of them.
+const BLOCK: usize = 8;
 
 fn queries_err(field: &'static str, message: String) -> AttnError {
     AttnError::Queries { field, message }
@@ -475,49 +478,77 @@ fn chunk(
     let q = &req.queries;
     let d = t.attn.head_dim;
     let mut rows = Rows::default();
-    let mut cells: Vec<Seen> = vec![];
     let mut w: Vec<f64> = vec![];
+    let mut lg: Vec<f64> = vec![];
     let n_cells = *starts.last().unwrap_or(&0);
-    for r in qs {
-        if !seen(x, r, &mut cells)? {
-            continue;
+    let all: Vec<usize> = qs.collect();
+    for block in all.chunks(BLOCK) {
+        // the queries of the block that see their cells, and the union of those cells
+        let mut lists: Vec<(usize, Vec<Seen>)> = vec![];
+        for &r in block {
+            let mut cells = vec![];
+            if seen(x, r, &mut cells)? {
+                lists.push((r, cells));
+            }
         }
-        let (p1, sq) = (q.pos[r], q.seq[r] as u8);
+        let mut union: Vec<Seen> = lists.iter().flat_map(|(_, l)| l.iter().copied()).collect();
+        union.sort_unstable();
+        union.dedup();
+        let at: Vec<Vec<usize>> = lists
+            .iter()
+            .map(|(_, l)| {
+                l.iter()
+                    .map(|sc| union.binary_search(sc).unwrap_or(0))
+                    .collect()
+            })
+            .collect();
+        let nu = union.len();
         for (hi, &h) in t.heads.iter().enumerate() {
-            let at = r * q.row_len + t.block.offset + h * d;
-            logits(t.attn, keys, h, &q.values[at..at + d], &cells, &mut w);
-            softmax(&mut w, t.attn.sinks.as_ref().map(|s| s[h]));
-            let mut emit = |ix: &[usize], rank: bool| {
-                rows.key(t, h, ix.len());
-                rows.query_pos.extend(std::iter::repeat_n(p1, ix.len()));
-                rows.seq.extend(std::iter::repeat_n(sq, ix.len()));
-                for (k, &i) in ix.iter().enumerate() {
-                    let (s, c) = cells[i];
-                    rows.stream.push(keys.streams[s as usize].index as u8);
-                    rows.cell.push(c);
-                    rows.pos.push(keys.streams[s as usize].pos[c as usize]);
-                    rows.weight.push(w[i]);
-                    if rank {
-                        rows.rank.push(k as u16);
+            let qv: Vec<&[f32]> = lists
+                .iter()
+                .map(|(r, _)| {
+                    let o = r * q.row_len + t.block.offset + h * d;
+                    &q.values[o..o + d]
+                })
+                .collect();
+            block_logits(t.attn, keys, h, &qv, &union, &mut lg);
+            for (i, (r, cells)) in lists.iter().enumerate() {
+                let (p1, sq) = (q.pos[*r], q.seq[*r] as u8);
+                w.clear();
+                w.extend(at[i].iter().map(|u| lg[i * nu + u]));
+                softmax(&mut w, t.attn.sinks.as_ref().map(|s| s[h]));
+                let mut emit = |ix: &[usize], rank: bool| {
+                    rows.key(t, h, ix.len());
+                    rows.query_pos.extend(std::iter::repeat_n(p1, ix.len()));
+                    rows.seq.extend(std::iter::repeat_n(sq, ix.len()));
+                    for (k, &j) in ix.iter().enumerate() {
+                        let (s, c) = cells[j];
+                        rows.stream.push(keys.streams[s as usize].index as u8);
+                        rows.cell.push(c);
+                        rows.pos.push(keys.streams[s as usize].pos[c as usize]);
+                        rows.weight.push(w[j]);
+                        if rank {
+                            rows.rank.push(k as u16);
+                        }
                     }
-                }
-            };
-            match what {
-                Reduce::Weights => emit(&(0..w.len()).collect::<Vec<_>>(), false),
-                Reduce::TopK(k) => emit(&top_k(&w, k), true),
-                Reduce::Entropy => {
-                    rows.key(t, h, 1);
-                    rows.query_pos.push(p1);
-                    rows.seq.push(sq);
-                    rows.weight.push(entropy(&w));
-                    rows.cells.push(w.len() as u32);
-                }
-                Reduce::Mass => {
-                    let acc = &mut mass[hi * n_cells..(hi + 1) * n_cells];
-                    for (&(s, c), x) in cells.iter().zip(&w) {
-                        let e = &mut acc[starts[s as usize] + c as usize];
-                        e.0 += x;
-                        e.1 += 1;
+                };
+                match what {
+                    Reduce::Weights => emit(&(0..w.len()).collect::<Vec<_>>(), false),
+                    Reduce::TopK(k) => emit(&top_k(&w, k), true),
+                    Reduce::Entropy => {
+                        rows.key(t, h, 1);
+                        rows.query_pos.push(p1);
+                        rows.seq.push(sq);
+                        rows.weight.push(entropy(&w));
+                        rows.cells.push(w.len() as u32);
+                    }
+                    Reduce::Mass => {
+                        let acc = &mut mass[hi * n_cells..(hi + 1) * n_cells];
+                        for (&(s, c), x) in cells.iter().zip(&w) {
+                            let e = &mut acc[starts[s as usize] + c as usize];
+                            e.0 += x;
+                            e.1 += 1;
+                        }
                     }
                 }
             }
