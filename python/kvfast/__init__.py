@@ -14,6 +14,7 @@ from kvfast import fork as fork  # its fork hooks, registered at import
 from kvfast._kvfast import __version__
 from kvfast.analysis.compare_scan import compare_scan
 from kvfast.analysis.measure import compare
+from kvfast.attn import attention
 from kvfast.dataset.export import export
 from kvfast.dataset.export_read import export_schema, scan_export
 from kvfast.dataset.states import dump_id, manifest, scan, scan_stats
@@ -94,6 +95,7 @@ __all__ = [
     "WriteError",
     "WriteWarning",
     "__version__",
+    "attention",
     "compare",
     "compare_scan",
     "dump_id",

@@ -30,6 +30,8 @@ __all__ = [
     "UnsupportedVersionError",
     "__version__",
     "aggregate_stats",
+    "attention",
+    "attention_layers",
     "attention_map",
     "cell_stats",
     "compare",
@@ -170,6 +172,24 @@ def compare(a: State, b: State, sel: dict[str, Any]) -> tuple[ArrowStream, Arrow
 def compare_positions(
     a: State, b: State, sel: dict[str, Any], below: int | None = None
 ) -> tuple[ArrowStream, ArrowStream]: ...
+def attention_layers(model: str | PathLike[str]) -> list[dict[str, Any]]: ...
+def attention(
+    state: State,
+    model: str | PathLike[str],
+    values: Any,
+    row_len: int,
+    pos: Any,
+    seq: Any,
+    blocks: list[tuple[int, int, int, int]],
+    what: str,
+    k: int = 0,
+    layers: list[int] | None = None,
+    heads: list[int] | None = None,
+    scale: dict[int, float] | None = None,
+    sinks: dict[int, list[float]] | None = None,
+    incomplete: str = "error",
+    chunk: int = 64,
+) -> ArrowStream: ...
 def write_parquet(
     state: State,
     parts: list[tuple[str, list[tuple[int, int, str]], str | None]],

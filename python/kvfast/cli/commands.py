@@ -245,6 +245,15 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _window(text: str) -> int | str:
+    """--queries: a positive window or 'all'."""
+    if text == "all":
+        return text
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected a positive number of positions or 'all', not {text!r}")
+
+
 def _cmd_probe(args: argparse.Namespace) -> int:
     from kvfast.probe import guard as probe_guard
     from kvfast.probe import runner as probe
@@ -268,6 +277,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
             shared_prefix=prefix,
             unified=not args.non_unified,
             whole_state=args.whole_state,
+            queries=args.queries,
         )
     except ProbeCrashError as e:
         print(f"kvfast probe: error: {e}", file=sys.stderr)
@@ -437,6 +447,13 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--shared-prefix", help="text decoded once and shared by every sequence of a batch")
     pr.add_argument("--non-unified", action="store_true", help="one cache stream per sequence")
     pr.add_argument("--whole-state", action="store_true", help="also save each batch's whole state")
+    pr.add_argument(
+        "--queries",
+        metavar="W",
+        type=_window,
+        help="capture every attention layer's queries of the last W positions of each prompt (or 'all')"
+        " and of the generated tokens: OUT/<id>.queries.npy + .json (kvfast.attention reads them)",
+    )
     pr.set_defaults(run=_cmd_probe)
     return p
 

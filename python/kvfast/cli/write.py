@@ -52,8 +52,14 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
-    keep = prune.by_score(args.ratio, "k_l2", args.drop, args.sinks, args.window)
+    keep: Any = prune.by_score(args.ratio, "k_l2", args.drop, args.sinks, args.window)
+    if args.score != "key-norm" and args.queries is None:
+        raise SystemExit(f"kvfast prune: --score {args.score} needs --queries (a probe's <id>.queries.json)")
     with _open(args) as d:
+        if args.score != "key-norm":
+            from kvfast.attn.scores import by_attention
+
+            keep = by_attention(d, args.queries, args.ratio, args.score, sinks=args.sinks, window=args.window)
         n = kvfast.write(d, args.output, keep=keep, **_common(args))
         _report(args, d, n)
     return 0
@@ -124,6 +130,14 @@ def register(sub: Any) -> None:
         "--ratio", type=float, required=True, help="share of the unprotected cells to drop (0 to 1)"
     )
     pr.add_argument("--drop", choices=["highest", "lowest"], default="highest", help="which key norms go")
+    pr.add_argument(
+        "--score",
+        choices=["key-norm", "h2o", "snapkv", "tova"],
+        default="key-norm",
+        help="what ranks the cells: the key norm (--drop), or the attention of captured queries (the least"
+        " attended go): H2O's accumulated attention, SnapKV's window vote, TOVA's last query",
+    )
+    pr.add_argument("--queries", help="the queries of the attention scores (a probe's <id>.queries.json)")
     pr.add_argument("--sinks", type=non_negative_int, default=0, help="first positions always kept")
     pr.add_argument(
         "--window", type=non_negative_int, default=1, help="last positions always kept (default 1)"

@@ -3,6 +3,7 @@
 //! [`State::open`] maps a state and walks its layout (metadata only, no row read);
 //! [`values::decode`] turns rows of any cache type into f32.
 
+pub mod attention;
 pub mod compare;
 pub mod error;
 pub mod format;

@@ -43,6 +43,9 @@ pub enum Error {
     /// A state that cannot be opened as asked (its model, head size, rotation or RoPE).
     #[error(transparent)]
     Open(#[from] OpenError),
+    /// Attention that cannot be computed as asked (kvfast.attention).
+    #[error(transparent)]
+    Attention(#[from] kvfast_core::attention::AttnError),
     #[error("the state is closed")]
     Closed,
     #[error("the state holds no cells")]
@@ -139,6 +142,7 @@ impl From<Error> for PyErr {
             Error::Map(e) => kvfast_error("ModelMismatchError", e.to_string(), None),
             Error::Model(e) => model_to_py(e),
             Error::Write(e) => write_to_py(e),
+            Error::Attention(e) => attention_to_py(e),
             Error::Python(e) => e,
             other => PyValueError::new_err(other.to_string()),
         }
@@ -372,6 +376,24 @@ fn write_to_py(e: kvfast_core::write::WriteError) -> PyErr {
                 Err(e) => e,
             }
         }),
+    }
+}
+
+/// An attention error: the bytes' as [`core_to_py`] makes them, the model's as [`model_to_py`],
+/// queries that do not fit the model a ModelMismatchError, the others a SelectionError, `field`
+/// naming the argument.
+fn attention_to_py(e: kvfast_core::attention::AttnError) -> PyErr {
+    use kvfast_core::attention::AttnError as E;
+    let msg = e.to_string();
+    match e {
+        E::Read(e) => core_to_py(e),
+        E::Plan(_) => kvfast_error("SelectionError", msg, None),
+        E::Model(e) => model_to_py(e),
+        E::Queries { field: "model", .. } => {
+            kvfast_error("ModelMismatchError", msg, Some("model".into()))
+        }
+        E::Queries { field, .. } => kvfast_error("SelectionError", msg, Some(field.into())),
+        E::Incomplete(_) => kvfast_error("SelectionError", msg, Some("incomplete".into())),
     }
 }
 
