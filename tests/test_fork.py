@@ -32,10 +32,10 @@ def passes(path: str) -> dict[str, Any]:
     for by, t in zip(("channel", "head", "layer"), _kvfast.aggregate_stats(state, sel, 0), strict=True):
         out[by] = pa.table(t).column("mean").to_pylist()
     out["quant_error"] = (
-        pa.table(_kvfast.quant_error(state, "q4_0", sel, 0, (0, 0))).column("mse").to_pylist()
+        pa.table(_kvfast.quant_error(state, "q4_0", sel, 0, (0, 0))[0]).column("mse").to_pylist()
     )
     other = kvfast.open(path, head_dim=32)
-    out["compare"] = pa.table(_kvfast.compare(state, other._live(), sel)).column("mse").to_pylist()
+    out["compare"] = pa.table(_kvfast.compare(state, other._live(), sel)[0]).column("mse").to_pylist()
     out["values"] = float(d.values(0, "k").astype("float64").sum())
     return out
 
