@@ -505,20 +505,20 @@ impl Ctx<'_> {
         // and the advances of each reading
         let per_layer: Vec<(Vec<f64>, Vec<Advances>)> = crate::parallel::install(|| {
             sampled(recs)
-            .into_par_iter()
-            .filter_map(|(rec, cells, pos)| {
-                let n = cells.min(SAMPLE_CELLS);
-                let width = rec.n_embd as usize;
-                if n == 0 || width == 0 {
-                    return None;
-                }
-                let c0 = sample_start(cells);
-                let mut x = vec![0f32; n * width];
-                RecordView::new(self.state.bytes(), rec, cells).decode(c0, c0 + n, &mut x);
-                let pos = pos.get(c0..c0 + n).unwrap_or(&[]);
-                Some(measure(x, width, pos, candidates, &readings))
-            })
-            .collect()
+                .into_par_iter()
+                .filter_map(|(rec, cells, pos)| {
+                    let n = cells.min(SAMPLE_CELLS);
+                    let width = rec.n_embd as usize;
+                    if n == 0 || width == 0 {
+                        return None;
+                    }
+                    let c0 = sample_start(cells);
+                    let mut x = vec![0f32; n * width];
+                    RecordView::new(self.state.bytes(), rec, cells).decode(c0, c0 + n, &mut x);
+                    let pos = pos.get(c0..c0 + n).unwrap_or(&[]);
+                    Some(measure(x, width, pos, candidates, &readings))
+                })
+                .collect()
         });
         if per_layer.is_empty() {
             return (None, "no cells to measure".into(), None);

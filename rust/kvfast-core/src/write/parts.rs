@@ -223,7 +223,10 @@ fn cache_parts(src: &SourceBytes, cache: &Cache, on_device: bool) -> Result<Cach
         let mut layers = Vec::with_capacity(s.layers.len());
         for l in &s.layers {
             let k = rows_of(src, &l.k, n, on_device)?;
-            let v = l.v.as_ref().map(|v| rows_of(src, v, n, on_device)).transpose()?;
+            let v =
+                l.v.as_ref()
+                    .map(|v| rows_of(src, v, n, on_device))
+                    .transpose()?;
             layers.push((k, v));
         }
         streams.push(StreamParts {
