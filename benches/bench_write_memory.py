@@ -16,9 +16,10 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from timing import PeakRssAnon
 
 CHILD = r"""
 import sys, numpy as np, kvfast
@@ -57,24 +58,9 @@ def run(src: Path, out: Path, case: str) -> tuple[float, int, int]:
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(src), str(out), case], stdout=subprocess.PIPE, text=True
     )
-    peak = 0
-
-    def sample() -> None:
-        nonlocal peak
-        status = Path(f"/proc/{proc.pid}/status")
-        while proc.poll() is None:
-            try:
-                for line in status.read_text().splitlines():
-                    if line.startswith("RssAnon:"):
-                        peak = max(peak, int(line.split()[1]) * 1024)
-            except OSError:
-                pass
-            time.sleep(0.01)
-
-    th = threading.Thread(target=sample)
-    th.start()
+    watch = PeakRssAnon(proc, 0.01)
     stdout, _ = proc.communicate()
-    th.join()
+    peak = watch.join()
     if proc.returncode:
         raise SystemExit(f"{case}: the child failed with {proc.returncode}")
     out.unlink()
