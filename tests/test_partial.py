@@ -154,16 +154,16 @@ def test_kvfast_info_says_partial_and_what_is_absent(capsys: pytest.CaptureFixtu
     assert "LLAMA_STATE_SEQ_FLAGS_ON_DEVICE" in out
 
 
-def test_writes_keep_the_flags_container() -> None:
+def test_writes_keep_the_flags_container(tmp_path: Path) -> None:
     with (
         _open(DATA / "qwen35tiny-partial/seq-0.partial.bin") as d,
         pytest.raises(kvfast.WriteError, match="PARTIAL_ONLY.*container 'seq'"),
     ):
-        kvfast.write(d, "/nonexistent/x.ggsq", container="ggsq")
+        kvfast.write(d, tmp_path / "x.ggsq", container="ggsq")
     with _open(DATA / "qwen35tiny-partial/seq-0.device.bin") as d:
         for edit in ({"seq_id": 1}, {"container": "ggsq"}, {"keep": np.ones(7, bool)}):
             with pytest.raises(kvfast.WriteError, match="ON_DEVICE"):
-                kvfast.write(d, "/nonexistent/x.bin", **edit)  # type: ignore[arg-type]
+                kvfast.write(d, tmp_path / "x.bin", **edit)  # type: ignore[arg-type]
 
 
 def test_unedited_writes_are_the_bytes(flagged_file: Path, tmp_path: Path) -> None:

@@ -43,7 +43,8 @@ def test_stats_puts_both_panels_on_the_model_layers() -> None:
         FigureCanvasAgg(fig).draw()
     top, bottom = fig.axes[:2]
     for ax in (top, bottom):
-        xs = {tuple(line.get_xdata()) for line in ax.get_lines()}
+        # the layers each line draws (its breaks left out: see test_picture_details)
+        xs = {tuple(x for x in line.get_xdata() if not np.isnan(x)) for line in ax.get_lines()}
         assert (5, 11, 17) in xs  # cache 0: Gemma's global layers, in both panels
         assert (0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16) in xs
         assert _integer_ticks(ax.xaxis)
@@ -68,7 +69,8 @@ def test_stats_skip_first_is_the_table_with_skip_first() -> None:
         fig = plot.stats(d, skip_first=4)
         want = d.stats(by="layer", skip_first=4).filter(cache=0, kind="k").sort("model_layer")
     line = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "cache 0 K")
-    np.testing.assert_allclose(line.get_ydata(), want["l2_mean"].to_numpy())
+    y = np.asarray(line.get_ydata(), dtype=float)
+    np.testing.assert_allclose(y[np.isfinite(y)], want["l2_mean"].to_numpy())
     assert "positions < 4 left out" in fig.texts[0].get_text()
 
 

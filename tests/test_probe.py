@@ -147,3 +147,23 @@ def test_rotated_probe_states_are_undone_with_no_hint(tmp_path: Path) -> None:
         assert all("probe manifest" in r.evidence for r in q.rotation)
         rel = kvfast.compare(f, q, by="layer")["rel_max"].max()
         assert rel < 0.02
+
+
+def test_probe_whole_states_decided_with_a_model(tmp_path: Path) -> None:
+    """Issue 25: a raw whole state (--whole-state) of a q8_0 probe, opened with model=: the
+    container does not date it, so the manifest beside it must say the build rotates, for V as for
+    K (before, V was left as stored, undecided, while K was undone)."""
+    model = DATA / "models/tiny-qwen3-hd128.gguf"
+    prompts = [{"id": "x", "tokens": [5, 17, 99, 3, 42, 7, 11]}]
+    for ty in ("f16", "q8_0"):
+        probe.run(
+            str(model), prompts, tmp_path / ty, ctk=ty, ctv=ty, n_ctx=64, whole_state=True, progress=False
+        )
+    whole = next((tmp_path / "q8_0").glob("*.state"))
+    for kw in ({"model": model}, {"head_dim": 128}, {}):
+        with kvfast.open(whole, **kw) as d:  # type: ignore[arg-type]
+            got = {r.kind: (r.undone, r.group, r.certain) for r in d.rotation}
+            assert got == {"k": (True, 128, True), "v": (True, 64, True)}, kw
+            assert all("probe manifest" in r.evidence for r in d.rotation), kw
+    with kvfast.open(whole, model=model) as q, kvfast.open(next((tmp_path / "f16").glob("*.state"))) as f:
+        assert kvfast.compare(f, q, by="layer")["rel_max"].max() < 0.02

@@ -128,12 +128,16 @@ def test_not_parquet_and_no_manifest(tmp_path: Path, reads: list[str]) -> None:
     assert kvfast.open(tmp_path / "a.ggsq").head_dim_k is None
 
 
-def test_given_a_head_size_the_manifest_is_not_read(tmp_path: Path, reads: list[str]) -> None:
+def test_given_a_head_size_only_the_manifests_build_is_read(tmp_path: Path, reads: list[str]) -> None:
+    """Issue 25: with head_dim= or model= the manifest's geometry is not used, but what it recorded
+    of the build's rotation is (a whole state's container does not date it); read once."""
     shutil.copy(SEQ, tmp_path / "a.ggsq")
     pl.DataFrame([manifest_row("a.ggsq")]).write_parquet(tmp_path / probe_manifest.NAME)
-    assert kvfast.open(tmp_path / "a.ggsq", head_dim=16).head_dim_k == 16
-    assert kvfast.open(tmp_path / "a.ggsq", model=GEOMETRY).head_dim_k == GEOMETRY.head_dim_k
-    assert reads == []
+    with kvfast.open(tmp_path / "a.ggsq", head_dim=16) as d:
+        assert d.head_dim_k == 16 and d.pieces is None
+    with kvfast.open(tmp_path / "a.ggsq", model=GEOMETRY) as d:
+        assert d.head_dim_k == GEOMETRY.head_dim_k
+    assert len(reads) == 1
 
 
 def test_opening_does_not_import_the_probe_runner(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ The rotated fixtures are qwen3hd128-* (head size 128: K in groups of 128, V in g
 llama-server's slot saves of Gemma 3 270M (head size 256, two caches: K in 256, V in 64).
 """
 
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -83,13 +84,11 @@ def open_quiet(path: Path, **kw: Any) -> kvfast.State:
 
 
 def open_defaults(path: Path, **kw: Any) -> kvfast.State:
-    """kvfast.open of a Gemma slot with no model: K's group (256) is chosen by the values, a guess
-    kvfast must flag with a RotationWarning when K's values are first read; everything else must
-    be certain."""
-    d = kvfast.open(path, **kw)
-    with pytest.warns(RotationWarning, match="a guess"):
-        d.values(0, "k")
-    assert all(r.certain or (r.kind == "k" and r.undone) for r in d.rotation)
+    """kvfast.open of a Gemma slot with no model: K's group (256) is told by RoPE's pairs (real
+    keys have a mean), so every decision is certain, with no warning."""
+    d = open_quiet(path, **kw)
+    assert all(r.certain for r in d.rotation)
+    assert all("groups of 256, heads of 256" in r.evidence for r in d.rotation if r.kind == "k")
     return d
 
 
@@ -160,24 +159,29 @@ def test_hd128_undone_values_agree_with_f16(path: Path) -> None:
 
 
 # Without a model the head size is unknown: a K row of 256 values may be 4 heads of 64, 2 of 128 or
-# 1 of 256, and rotation.py picks the group whose undoing gives the largest kurtosis. Undoing in a
-# group twice llama.cpp's (256 for 128) gives (H_2 kron I_128) x: each channel mixed with the same
-# channel of the other head, which keeps (here raises) the kurtosis, so the values cannot tell the
-# two apart: such a group is a guess, flagged and warned about, never a silent answer.
+# 1 of 256. Undoing in a group twice llama.cpp's (256 for 128) gives (H_2 kron I_128) x: each channel
+# mixed with the same channel of the other head, which keeps (here raises) the kurtosis, so the
+# kurtosis cannot tell the two apart. RoPE's pairs can where keys have a mean (rope_pairs.rs); these
+# tiny keys have none (zero-mean outlier channels only), so kvfast must refuse to guess.
 
 
 @pytest.mark.parametrize("path", ROTATED, ids=ids)
-def test_hd128_auto_without_model_flags_a_guessed_k_group(path: Path) -> None:
-    """Issue 10: a 2026 state of a quantized cache, head size 128, opened with no hint at all: V
-    (one possible group) is undone for certain; K is undone in a group the values chose, flagged
-    as a guess with a RotationWarning naming the options."""
-    with kvfast.open(path) as d:
+def test_hd128_auto_without_model_refuses_to_guess_k_group(path: Path) -> None:
+    """Issue 25: a 2026 state of a quantized cache, head size 128, opened with no hint at all: V
+    (one possible group) is undone for certain; K's group cannot be told, so K is left as stored
+    (never undone on a guess), with a RotationWarning (when K's values are first read) and the
+    reason in its rotation info."""
+    d = kvfast.open(path)
+    with d, kvfast.open(path, rotation="none") as stored:
         got = {r.kind: r for r in d.rotation}
+        k = got["k"]
+        assert (got["v"].undone, got["v"].group, got["v"].certain) == (True, 64, True)
+        assert (k.undone, k.group, k.certain) == (False, None, False)
+        assert "RoPE pairs advance" in k.evidence and "left as stored" in k.evidence
         with pytest.warns(RotationWarning, match="model= or head_dim=") as caught:
-            d.values(0, "k")  # the warning comes with the first values read
-    assert (got["v"].undone, got["v"].group, got["v"].certain) == (True, 64, True)
-    assert got["k"].undone and not got["k"].certain and got["k"].group in (128, 256)
-    assert "a guess" in str(caught[0].message)
+            values = d.values(0, "k")
+        assert "cache 0 K (" in str(caught[0].message) and "left as stored" in str(caught[0].message)
+        np.testing.assert_array_equal(values, stored.values(0, "k"))
 
 
 @pytest.mark.parametrize("path", ROTATED, ids=ids)
@@ -191,6 +195,44 @@ def test_hd128_auto_never_undoes_in_a_wrong_group_silently(path: Path) -> None:
         k = next(r for r in d.rotation if r.kind == "k")
         if not (k.undone and k.group == 128 and k.certain):
             assert not k.certain and any(issubclass(w.category, RotationWarning) for w in caught)
+
+
+MEAN_KEY = DATA / "meankey/qwen3meankey-q8_0-fa/seq-0.bin"
+
+
+def test_keys_with_a_mean_tell_the_group_without_a_model() -> None:
+    """Issue 25: 4 KV heads x 128 (K rows of 512), keys with a mean (a massive activation, as real
+    models have): the kurtosis is largest undone in 512, four times llama.cpp's group, but RoPE's
+    pairs advance only in heads of 128 undone in 128, so K is undone there, certain, and agrees
+    with the f16 twin of the same prompt (and with head_dim=128) as q8_0 does."""
+    with open_quiet(MEAN_KEY) as d, open_quiet(MEAN_KEY, head_dim=128) as m:
+        got = {r.kind: (r.undone, r.group, r.certain) for r in d.rotation}
+        assert got == {"k": (True, 128, True), "v": (True, 64, True)}
+        k = next(r for r in d.rotation if r.kind == "k")
+        assert "groups of 128, heads of 128" in k.evidence
+        kurt = [float(v) for v in re.findall(r"([0-9.]+) undone in groups of (?:64|128|256|512)", k.evidence)]
+        assert kurt[3] > kurt[1]  # the kurtosis alone would undo in 512
+        with kvfast.open(DATA / "meankey/qwen3meankey-f16-fa/seq-0.bin", head_dim=128) as f16:
+            for layer in range(2):
+                np.testing.assert_array_equal(d.values(layer, "k"), m.values(layer, "k"))
+                assert row_rel(d.values(layer, "k"), f16.values(layer, "k", dtype="float32")) < 0.02
+
+
+def test_keys_without_a_mean_leave_k_as_stored() -> None:
+    """The same layout without the mean: no reading's pairs advance, K is left as stored, flagged."""
+    path = DATA / "meankey/qwen3nomean-q8_0-fa/seq-0.bin"
+    d = kvfast.open(path)
+    with d:
+        with pytest.warns(RotationWarning, match="left as stored"):
+            d.values(0, "k")  # said when K's values are first read
+        k = next(r for r in d.rotation if r.kind == "k")
+        assert (k.undone, k.group, k.certain) == (False, None, False)
+        assert "without the head size the group cannot be told (one of [64, 128, 256, 512])" in k.evidence
+    with open_quiet(path, head_dim=128) as d:
+        assert [(r.undone, r.group) for r in d.rotation] == [(True, 128), (True, 64)]
+    # rotation='hadamard' without the head size: an error naming the groups, never a guess
+    with pytest.raises(kvfast.RotationError, match=r"one of \[64, 128, 256, 512\]"):
+        kvfast.open(path, rotation="hadamard")
 
 
 def test_hd128_rule_applies_to_k_and_v_separately(tmp_path: Path) -> None:
@@ -227,9 +269,7 @@ def test_server_iswa_both_caches_undone(n: int) -> None:
         assert len(d.caches) == 2
         got = {(r.cache, r.kind): (r.type, r.undone, r.group, r.certain) for r in d.rotation}
         assert got == {
-            (c, kind): ("q8_0", True, 256 if kind == "k" else 64, kind == "v")
-            for c in (0, 1)
-            for kind in "kv"
+            (c, kind): ("q8_0", True, 256 if kind == "k" else 64, True) for c in (0, 1) for kind in "kv"
         }
 
 
@@ -393,3 +433,41 @@ def test_cell_stats_find_planted_outliers(path: Path) -> None:
     assert len(undone) == len(as_stored) == 2 * 9 * 2
     assert undone.mean() >= 0.9
     assert as_stored.mean() <= 0.1
+
+
+def test_one_build_decides_v_where_its_values_cannot(tmp_path: Path) -> None:
+    """Issue 25: a raw whole state (its era could be either) with the head size known: K's values
+    show the rotation; V's, Gaussian either way (no outlier channels), cannot; one build wrote both
+    and rotates K and V alike, so V is undone in 64, certain, as in the sequence state (whose
+    container dates it)."""
+    with open_quiet(MEAN_KEY, head_dim=128) as seq:
+        kvfast.write(seq, tmp_path / "whole.bin", container="state", arch="qwen3")
+        want = seq.values(1, "v")
+        with open_quiet(tmp_path / "whole.bin", head_dim=128) as d:
+            got = {r.kind: r for r in d.rotation}
+            assert (got["k"].undone, got["k"].group, got["k"].certain) == (True, 128, True)
+            assert (got["v"].undone, got["v"].group, got["v"].certain) == (True, 64, True)
+            assert "the build rotates (cache 0 K's values show it" in got["v"].evidence
+            np.testing.assert_array_equal(d.values(1, "v"), want)
+
+
+# --- a V-less MLA cache: llama.cpp's K-only attention never rotates -----------------------------------
+
+MLA = DATA / "models/tiny-deepseek2-mla.gguf"
+
+
+@pytest.mark.parametrize("name", CONTAINERS)
+@pytest.mark.parametrize("mode", ["auto", "hadamard"])
+def test_mla_k_never_undone(name: str, mode: str) -> None:
+    """Issue 25: rotation='hadamard' follows llama.cpp's rule per cache, not forces it: a V-less
+    MLA cache's q8_0 K is stored as computed, and reads as its f16 twin within q8_0's error (undone
+    in groups of 64, as 'hadamard' did, it was at relative error 1.41)."""
+    path = DATA / "deepseek2mla-q8_0-fa" / name
+    with (
+        open_quiet(path, model=MLA, rotation=mode) as d,
+        open_quiet(DATA / "deepseek2mla-f16-fa" / name, model=MLA) as f16,
+    ):
+        assert [(r.kind, r.undone, r.group, r.certain) for r in d.rotation] == [("k", False, None, True)]
+        assert "K-only attention" in d.rotation[0].evidence
+        for layer in range(2):
+            assert row_rel(d.values(layer, "k"), f16.values(layer, "k", dtype="float32")) < 0.02

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import polars as pl
 import pytest
 from conftest import DATA, proc_status_kb
 
@@ -162,7 +163,7 @@ def test_quant_error_equals_numpy_round_trip() -> None:
 def test_quant_error_of_f16_to_f16_is_zero() -> None:
     with kvfast.open(DATA / "qwen3tiny-f16-fa/seq-0.bin") as d:
         assert (d.quant_error("f16")["mse"] == 0).all()
-    with pytest.raises(ValueError, match="unknown cache type"):
+    with pytest.raises(ValueError, match="type must be a cache type .*not .q3_k."):
         kvfast.open(DATA / "qwen3tiny-f16-fa/seq-0.bin").quant_error("q3_k")
 
 
@@ -183,6 +184,54 @@ def test_compare_q8_0_against_f16_within_its_bound() -> None:
             assert (got["max_abs"].to_numpy() <= amax / 254 * (1.05 if layer == 0 else 4) + 1e-3).all()
     summary = kvfast.compare(a, b, by="layer")
     assert summary.height == 4 and (summary["cosine_min"] > 0.9999).all()
+
+
+def test_compare_and_quant_error_share_their_error_columns(tmp_path: Path) -> None:
+    """compare(by="layer") and quant_error give the same columns with the same meaning: a state
+    kvfast wrote as q4_0 / q8_0 from an f16 one compares to it exactly as quant_error predicts, and
+    both carry the pooled rel / cosine next to the per-cell means (which NumPy recomputes)."""
+    from kvfast.analysis import LOSS_COLUMNS
+
+    gemma = kvfast.model.ModelGeometry(
+        arch="gemma3",
+        n_layer=18,
+        head_dim_k=256,
+        head_dim_v=256,
+        n_head_kv=(1,) * 18,
+        swa=tuple(i % 6 < 5 for i in range(18)),
+    )
+    f16 = kvfast.open(DATA / "gemma3-270m-server/gemma3-270m-server-f16-slot0.bin", model=gemma)
+    kvfast.write(f16, tmp_path / "q.bin", cache_type_k="q4_0", cache_type_v="q8_0")
+    q = kvfast.open(tmp_path / "q.bin", model=gemma)
+    got = kvfast.compare(f16, q, by="layer")
+    want = pl.concat(
+        [f16.quant_error("q4_0", by="layer", kinds="k"), f16.quant_error("q8_0", by="layer", kinds="v")]
+    ).sort("cache", "layer", "kind")
+    keys = ["cache", "layer", "model_layer", "kind"]
+    assert got.columns == [*keys, *LOSS_COLUMNS]
+    assert want.columns == [*keys, "rotation", *LOSS_COLUMNS]
+    assert got.select(keys).equals(want.select(keys)) and got.height == 36
+    for col in LOSS_COLUMNS:
+        np.testing.assert_allclose(got[col].to_numpy(), want[col].to_numpy(), rtol=1e-9, err_msg=col)
+    # what the columns mean, from the values
+    heads = f16.quant_error("q4_0", kinds="k")
+    assert {*LOSS_COLUMNS} <= set(heads.columns)
+    for cache, layer in ((0, 1), (1, 7)):
+        x, y = rows64(f16, cache, layer, "k"), rows64(q, cache, layer, "k")
+        row = got.filter(cache=cache, layer=layer, kind="k")
+        cell_rel = np.linalg.norm(y - x, axis=1) / np.linalg.norm(x, axis=1)
+        cell_cos = (x * y).sum(axis=1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1))
+        np.testing.assert_allclose(row["rel"], np.linalg.norm(y - x) / np.linalg.norm(x), **TOL)
+        np.testing.assert_allclose(
+            row["cosine"], (x * y).sum() / np.linalg.norm(x) / np.linalg.norm(y), **TOL
+        )
+        np.testing.assert_allclose(row["rel_mean"], cell_rel.mean(), **TOL)
+        np.testing.assert_allclose(row["rel_max"], cell_rel.max(), **TOL)
+        np.testing.assert_allclose(row["cosine_mean"], cell_cos.mean(), **TOL)
+        np.testing.assert_allclose(row["cosine_min"], cell_cos.min(), **TOL)
+        assert row["rows"].item() == len(x) and row["count"].item() == x.size
+        one = heads.filter(cache=cache, layer=layer)  # one KV head: the head row is the layer's
+        np.testing.assert_allclose(one["rel_mean"], cell_rel.mean(), **TOL)
 
 
 def test_compare_matches_by_position_not_order() -> None:

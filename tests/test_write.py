@@ -137,7 +137,8 @@ def test_keep_drops_cells_with_their_rows(folder: str, tmp_path: Path) -> None:
         with kvfast.open(tmp_path / "p") as e:
             s = e.caches[0].streams[0]
             assert s.pos.tolist() == [0, 1, 4, 5]
-            assert e.tokens.tolist() == d.tokens[mask].tolist()
+            # token i is the token at position i: 2 and 3 keep theirs, 6 (the end) is cut off
+            assert e.tokens.tolist() == d.tokens[:6].tolist()
             if d.cell_ext:
                 assert s.ext.tolist() == d.caches[0].streams[0].ext[mask].tolist()
             for layer in range(2):
@@ -187,11 +188,16 @@ def test_keep_keeps_the_server_blob_packed(tmp_path: Path) -> None:
     with kvfast.open(src) as d:
         n = [c.streams[1].cell_count for c in d.caches]  # slot 1: stream 1 of both caches
         kvfast.write(d, tmp_path / "p", keep=pl.col("pos") != 2)
+        last = int(d.caches[0].streams[1].pos.max())
+        kvfast.write(d, tmp_path / "q", keep=pl.col("pos") != last)
         with kvfast.open(tmp_path / "p") as e:
-            assert e.server_tokens is not None and e.server_tokens["n_tokens"] == len(d.tokens) - 1
-            assert e.tokens.tolist() == [t for i, t in enumerate(d.tokens.tolist()) if i != 2]
+            # the blob is the source's (position 2 keeps its token: token i is at position i)
+            assert e.server_tokens is not None and e.token_words.tolist() == d.token_words.tolist()
             # both caches of the iSWA pair lose the token (sync)
             assert [c.streams[1].cell_count for c in e.caches] == [k - 1 for k in n]
+        with kvfast.open(tmp_path / "q") as e:
+            assert e.server_tokens is not None and e.server_tokens["n_tokens"] == len(d.tokens) - 1
+            assert e.tokens.tolist() == d.tokens[:-1].tolist()
 
 
 def test_recurrent_part_keeps_its_cells(tmp_path: Path) -> None:
@@ -361,7 +367,9 @@ def test_null_flags_are_refused_and_a_state_can_be_written_over_itself(tmp_path:
     with kvfast.open(src) as d:
         with pytest.raises(kvfast.WriteError, match="null"):
             kvfast.write(d, tmp_path / "x", keep=pl.col("piece") != "a")
-        kvfast.write(d, src, keep=pl.col("pos") >= 2)
+        with pytest.raises(kvfast.OutputError, match="is the file this write reads"):
+            kvfast.write(d, src, keep=pl.col("pos") >= 2)
+        kvfast.write(d, src, keep=pl.col("pos") >= 2, replace=True)
     with kvfast.open(src) as e:
         assert e.caches[0].streams[0].pos.tolist() == [2, 3, 4, 5, 6]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.ggsq"]

@@ -25,7 +25,9 @@ def test_prune_by_key_norm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         norms = d.stats(by="cell", kinds=["k"]).group_by("pos").agg(pl.col("l2").mean()).sort("pos")
         middle = norms.filter((norms["pos"] > 0) & (norms["pos"] < 8)).sort("l2", descending=True)
         assert set(middle["pos"][:3].to_list()).isdisjoint(pos)
-        assert e.tokens.tolist() == [d.tokens[p] for p in pos]
+        # the token list stays indexed by position: every kept cell has its own token
+        assert e.tokens.tolist() == d.tokens.tolist()
+        assert e.cell_tokens()["token"].to_list() == [d.tokens[p] for p in pos]
 
 
 def test_prune_keeps_sinks_and_window_of_both_iswa_caches(
@@ -48,10 +50,13 @@ def test_prune_keeps_sinks_and_window_of_both_iswa_caches(
         "256",
     ]
     assert main(args) == 0
+    # cells per cache, as kvfast info shows them: each cache holds every token (not 24 of 40)
+    assert "cells per cache 12 of 20 (cache 0), 12 of 20 (cache 1)," in capsys.readouterr().out
     with kvfast.open(out) as e:
         for c in e.caches:
             assert c.streams[0].pos.tolist() == [0, 1, 2, 3, *range(12, 20)]
-        assert e.server_tokens is not None and e.server_tokens["n_tokens"] == 12
+        # the blob keeps the tokens of the dropped positions 4-11 (token i is at position i)
+        assert e.server_tokens is not None and e.server_tokens["n_tokens"] == 20
 
 
 def test_convert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

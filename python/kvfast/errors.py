@@ -65,8 +65,10 @@ class PreRopeError(KvfastError, ValueError):
 
 class SelectionError(KvfastError, ValueError):
     """A selection or geometry argument the state does not have or that makes no sense: a layer,
-    head, cell, cache or stream out of range or not an integer, a head repeated, a kind other than
-    'k'/'v', a head_dim that is not a positive integer dividing every row."""
+    head, cell, cache or stream out of range or not an integer (a bool or a float is none), a head
+    repeated, a kind other than 'k'/'v' ('r'/'s' of the recurrent part), a head_dim that is not a
+    positive integer dividing every row, a dtype or cache type that is no name of one (see
+    :mod:`kvfast.read.select`)."""
 
     kind = "selection"
     offset = None
@@ -111,6 +113,11 @@ class WriteError(KvfastError, ValueError):
         self.field = field
 
 
+class WriteWarning(KvfastWarning):
+    """A state :func:`kvfast.write` wrote loads into llama.cpp only on a condition worth knowing
+    (a whole state of sequence 3 only into a context of at least 4 sequences)."""
+
+
 class RemoteError(KvfastError, OSError):
     """Object storage could not give a state's bytes: no such object or bucket, no credentials,
     access refused, an endpoint that does not answer (see :mod:`kvfast.read.remote`). An ``OSError``
@@ -124,12 +131,32 @@ class RemoteError(KvfastError, OSError):
         return str(self.strerror)
 
 
+class OutputError(KvfastError, OSError):
+    """kvfast does not write a file at this path (see :mod:`kvfast.writing.output`): it names no
+    regular file and no new one (a folder, a device, a FIFO, a socket, an empty path, a folder that
+    does not exist), it is an input of the write (unless ``replace=True``), or a probe manifest
+    beside it describes it. An ``OSError`` with ``filename`` the path; the message says why and
+    what to do instead."""
+
+    kind = "output"
+    offset = None
+    field = "path"
+
+    def __str__(self) -> str:
+        return f"{self.filename or repr(self.filename)}: {self.strerror}"
+
+
 class MatchError(KvfastError, ValueError):
     """Two states cannot be compared: different caches, layers, row sizes or positions."""
 
     kind = "match"
     offset = None
     field = None
+
+
+class ForkWarning(KvfastWarning, RuntimeWarning):
+    """This process was forked while Polars' threads ran: kvfast's own passes work in it, Polars
+    operations may never return (see :mod:`kvfast.fork`)."""
 
 
 class TokenMismatchWarning(KvfastWarning):
@@ -184,6 +211,7 @@ __all__ = [
     "ClusterError",
     "ExportError",
     "FileChangedError",
+    "ForkWarning",
     "FormatError",
     "KvfastError",
     "KvfastWarning",
@@ -191,6 +219,7 @@ __all__ = [
     "MatchError",
     "ModelMismatchError",
     "NotFetchedError",
+    "OutputError",
     "PreRopeError",
     "ProbeCrashError",
     "RemoteError",
@@ -201,6 +230,7 @@ __all__ = [
     "TruncatedError",
     "UnsupportedVersionError",
     "WriteError",
+    "WriteWarning",
 ]
 
 

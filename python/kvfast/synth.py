@@ -14,6 +14,7 @@ from typing import BinaryIO
 import numpy as np
 
 from kvfast.read.ggml import TYPES
+from kvfast.writing import output
 
 GGSQ_MAGIC = 0x67677371
 GGSN_MAGIC = 0x6767736E
@@ -118,7 +119,7 @@ def write_state(
     rng = np.random.default_rng(seed)
     pos = list(range(cells))
     tokens = [int(t) for t in rng.integers(0, 1000, size=cells)]
-    with open(path, "wb") as f:
+    with output.replacing(path) as tmp, open(tmp, "wb") as f:
         if container == "seq":
             f.write(struct.pack("<Ii", IO_MAGIC, seq_id))
         elif container == "ggsq":

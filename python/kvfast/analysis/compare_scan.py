@@ -14,7 +14,7 @@ from typing import Any, Literal
 import polars as pl
 
 from kvfast.analysis.compare_modes import Match
-from kvfast.analysis.measure import compare
+from kvfast.analysis.measure import LOSS_COLUMNS, compare
 from kvfast.dataset.states import Paths, batches, dump_id, expand, model_geometry, register_source
 from kvfast.errors import MatchError, warn
 from kvfast.model.geometry import ModelGeometry
@@ -34,8 +34,9 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     },
     "layer": {
         **_KEYS,
-        "rows": pl.UInt32(),
-        **{k: pl.Float64() for k in ("mse", "max_abs", "cosine_mean", "cosine_min", "rel_mean", "rel_max")},
+        "rows": pl.UInt64(),
+        "count": pl.UInt64(),
+        **{k: pl.Float64() for k in LOSS_COLUMNS[2:]},
     },
 }
 

@@ -22,12 +22,31 @@ from kvfast.analysis.compare_modes import (
     tokens_unknown,
 )
 from kvfast.errors import MatchError, RotationWarning, TokenMismatchWarning, warn
-from kvfast.read import ggml
 from kvfast.read import select as checks
 from kvfast.read.opened import OpenState
 
 By = Literal["cell", "channel", "head", "layer"]
-_GROUP = ["cache", "layer", "model_layer", "kind"]
+LOSS_COLUMNS = (
+    "rows",
+    "count",
+    "mse",
+    "max_abs",
+    "rel",
+    "cosine",
+    "rel_mean",
+    "rel_max",
+    "cosine_mean",
+    "cosine_min",
+)
+"""The error columns :func:`quant_error` and ``compare(by="layer")`` share, per group of (cell,
+head) rows (a head of one layer, or a layer): ``rows`` rows of ``count`` values in all; ``mse`` and
+``max_abs`` over the values; pooled over every value of the group, ``rel`` = ||B - A|| / ||A|| (the
+norms of all its rows together) and ``cosine`` (of A and B as one vector each); per row,
+``rel_mean`` and ``rel_max`` of the rows' relative errors and ``cosine_mean`` and ``cosine_min`` of
+their cosines, over the rows where they are defined (an all-zero row of A has no relative error, a
+zero row on either side no cosine; NaN where no row has one). Pooled values weigh rows by their
+norm: a layer of a few large rows reads small in ``rel`` where ``rel_mean`` shows its many small
+rows' errors."""
 
 
 def select(
@@ -38,7 +57,7 @@ def select(
     skip_first: int = 0,
 ) -> dict[str, Any]:
     """The selection for Rust, checked (kvfast.SelectionError for anything out of range)."""
-    checks.non_negative("skip_first", skip_first)
+    skip(skip_first)
     sel = checks.selection(dump.caches, layers=layers, kinds=kinds, caches=caches, recurrent=dump.recurrent)
     return {
         "caches": sel.caches,
@@ -60,6 +79,11 @@ def parts(
     return list(checks.by_model_layer(dump.caches, model_layers, layers, caches))
 
 
+def skip(skip_first: object) -> int:
+    """``skip_first``: positions are int32 (llama_pos)."""
+    return checks.non_negative("skip_first", skip_first, hi=checks.INT32_MAX)
+
+
 def stats(
     dump: OpenState,
     by: By = "cell",
@@ -69,6 +93,7 @@ def stats(
     caches: Sequence[int] | None = None,
     model_layers: Sequence[int] | None = None,
 ) -> pl.DataFrame:
+    skip_first = skip(skip_first)
     if model_layers is not None:
         frames = [
             stats(dump, by, ls, kinds, skip_first, cs) for cs, ls in parts(dump, layers, caches, model_layers)
@@ -113,6 +138,12 @@ def quant_error(
     caches: Sequence[int] | None = None,
     model_layers: Sequence[int] | None = None,
 ) -> pl.DataFrame:
+    """What a cache of ``type`` would lose, per (cache, layer, kind, head) or per layer: the
+    columns of :data:`LOSS_COLUMNS` (B = each row quantized and dequantized), ``rotation`` (the
+    group llama.cpp rotates in, 0 = none) and, by head, the sums behind them (``sum_sq_err``,
+    ``sum_sq``, ``sum_sq_quant``, ``sum_prod``)."""
+    type = checks.cache_type("type", type)
+    skip_first = skip(skip_first)
     if model_layers is not None:
         return pl.concat(
             [
@@ -121,13 +152,16 @@ def quant_error(
             ]
         )
     sel = select(dump, layers, kinds, caches, skip_first=skip_first)
+    if by not in ("head", "layer"):
+        raise ValueError(f"by must be 'head' or 'layer', not {by!r}")
     # llama.cpp rotates attention caches only: the recurrent part (kinds r, s) is never rotated
     attention = sel["kinds"] is None or any(k in checks.KINDS for k in sel["kinds"])
     groups = simulated_rotation(dump, type) if rotate and attention else (0, 0)
     state = dump._reading(sel["caches"], sel["kinds"])
-    df = pl.DataFrame(_kvfast.quant_error(state, type, sel, skip_first, groups))
-    df = df.with_columns(
-        rotation=pl.when(pl.col("kind") == "k")
+    heads, per_layer = _kvfast.quant_error(state, type, sel, skip_first, groups)
+    df = pl.DataFrame(heads if by == "head" else per_layer)
+    rotation = (
+        pl.when(pl.col("kind") == "k")
         .then(groups[0])
         .when(pl.col("kind") == "v")
         .then(groups[1])
@@ -135,37 +169,24 @@ def quant_error(
         .cast(pl.Int32)
     )
     if by == "head":
-        return df
-    if by != "layer":
-        raise ValueError(f"by must be 'head' or 'layer', not {by!r}")
-    return (
-        df.group_by(_GROUP, maintain_order=True)
-        .agg(
-            pl.col("rotation").first(),
-            pl.col("count").sum(),
-            (pl.col("sum_sq_err").sum() / pl.col("count").sum()).alias("mse"),
-            pl.col("max_abs").max(),
-            (pl.col("sum_sq_err").sum() / pl.col("sum_sq").sum()).sqrt().alias("rel"),
-            (pl.col("sum_prod").sum() / (pl.col("sum_sq").sum() * pl.col("sum_sq_quant").sum()).sqrt()).alias(
-                "cosine"
-            ),
-        )
-        .sort("cache", "layer", "kind")
-    )
+        return df.with_columns(rotation=rotation)
+    at = df.columns.index("kind") + 1
+    order = [*df.columns[:at], "rotation", *df.columns[at:]]
+    return df.with_columns(rotation=rotation).select(order).sort("cache", "layer", "kind")
 
 
 def simulated_rotation(dump: OpenState, type: str) -> tuple[int, int]:
     """The (K, V) groups llama.cpp would rotate a cache of ``type`` in, for this state's model: from
     the head sizes where known, else from the rotation found in the state itself; (0 = none)."""
     out = []
-    for kind, head_dim in (("k", dump.head_dim_k), ("v", dump.head_dim_v)):
-        if head_dim is not None:
-            out.append(_kvfast.rotation_group(kind, type, head_dim) or 0)
+    for kind in ("k", "v"):
+        # llama.cpp's rule for this state's first attention cache (what loss_table simulates)
+        ruled = next((dump._live().rule_group(c.index, kind, type) for c in dump.caches[:1]), 0)
+        if ruled is not None:
+            out.append(ruled)
             continue
         found = [r.group for r in dump.rotation if r.kind == kind and r.group]
-        if ggml.is_float(type):
-            out.append(0)
-        elif found:
+        if found:
             # a state rotated in group g has a head size g divides (and, for K, 2g does not)
             out.append(found[0])
         else:
@@ -190,34 +211,38 @@ def compare(
     caches: Sequence[int] | None = None,
     model_layers: Sequence[int] | None = None,
 ) -> pl.DataFrame:
-    """Errors of B against A: one row per (cache, layer, kind, cell, sequence, head) of A, cells
-    matched by (sequence, position), not by order (``match='sequence'``), by position alone
-    (``'position'``) or by position over the common token prefix (``'tokens'``), see
-    :mod:`kvfast.analysis.compare_modes`; ``by='layer'`` summarizes per layer and kind. Raises MatchError
-    when the states cannot be matched (geometry, layers, positions, tokens); warns
-    (TokenMismatchWarning) where both states' tokens are known and differ at compared positions."""
+    """Errors of B against A: one row per (cache, layer, kind, cell, sequence, head) of A with
+    ``mse``, ``max_abs``, ``cosine`` and ``rel`` (||b - a|| / ||a||) of that row; cells matched by
+    (sequence, position), not by order (``match='sequence'``), by position alone (``'position'``)
+    or by position over the common token prefix (``'tokens'``), see
+    :mod:`kvfast.analysis.compare_modes`. ``by='layer'``: one row per (cache, layer, kind) with the
+    columns of :data:`LOSS_COLUMNS`, as :func:`quant_error`'s (``rows`` counts a cell once per
+    sequence it is compared in). Raises MatchError when the states cannot be matched (geometry,
+    layers, positions, tokens); warns (TokenMismatchWarning) where both states' tokens are known
+    and differ at compared positions."""
     if match not in MATCHES:
         raise ValueError(f"match must be 'sequence', 'position' or 'tokens', not {match!r}")
     if by not in ("cell", "layer"):
         raise ValueError(f"by must be 'cell' or 'layer', not {by!r}")
     if model_layers is not None:
         frames = [
-            compare(a, b, "cell", ls, kinds, match, cs) for cs, ls in parts(a, layers, caches, model_layers)
+            compare(a, b, by, ls, kinds, match, cs) for cs, ls in parts(a, layers, caches, model_layers)
         ]
-        return pl.concat(frames) if by == "cell" else summarize(pl.concat(frames))
+        return pl.concat(frames)
     ta, tb = position_tokens(a), position_tokens(b)
     sel = select(a, layers, kinds, caches)
     # kvfast-core's matching raises MatchError (the binding's), a selection it lacks SelectionError
     sa, sb = a._reading(sel["caches"], sel["kinds"]), b._reading(sel["caches"], sel["kinds"])
     if match == "sequence":
-        df = pl.DataFrame(_kvfast.compare(sa, sb, sel))
+        cells, per_layer = _kvfast.compare(sa, sb, sel)
     elif match == "position":
-        df = pl.DataFrame(_kvfast.compare_positions(sa, sb, sel))
+        cells, per_layer = _kvfast.compare_positions(sa, sb, sel)
     else:
         if not ta or not tb:
             raise MatchError(tokens_unknown(a, b, ta, tb))
         below = common_prefix(ta, tb)
-        df = pl.DataFrame(_kvfast.compare_positions(sa, sb, sel, below))
+        cells, per_layer = _kvfast.compare_positions(sa, sb, sel, below)
+    df = pl.DataFrame(cells)
     bad = differing(ta, tb) if match != "tokens" else []
     if bad and df.filter(pl.col("pos").is_in(bad)).height:
         warn(
@@ -227,23 +252,4 @@ def compare(
         )
     if by == "cell":
         return df
-    if by != "layer":
-        raise ValueError(f"by must be 'cell' or 'layer', not {by!r}")
-    return summarize(df)
-
-
-def summarize(df: pl.DataFrame) -> pl.DataFrame:
-    """Per-layer summary of a cell-level comparison."""
-    return (
-        df.group_by(_GROUP, maintain_order=True)
-        .agg(
-            pl.len().alias("rows"),
-            pl.col("mse").mean(),
-            pl.col("max_abs").max(),
-            pl.col("cosine").mean().alias("cosine_mean"),
-            pl.col("cosine").min().alias("cosine_min"),
-            pl.col("rel").mean().alias("rel_mean"),
-            pl.col("rel").max().alias("rel_max"),
-        )
-        .sort("cache", "layer", "kind")
-    )
+    return pl.DataFrame(per_layer).sort("cache", "layer", "kind")

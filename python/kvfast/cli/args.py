@@ -1,7 +1,7 @@
 """Argument types and exit codes of the command line.
 
 Exit codes: 0 success; 1 an error with the files (a state or model kvfast cannot read, or that
-does not fit); 2 a usage error (an option argparse refuses, a value out of range, or a selection
+does not fit; a path given that does not exist); 2 a usage error (an option argparse refuses, a value out of range, or a selection
 the state does not have: :class:`kvfast.SelectionError`), reported as argparse reports its own;
 141 (128 + SIGPIPE) when the reader of the output went away (``kvfast ... | head``), quietly.
 ``kvfast probe`` whose llama.cpp died of a signal: 128 + the signal (132 for SIGILL), with a message.
@@ -10,6 +10,8 @@ the state does not have: :class:`kvfast.SelectionError`), reported as argparse r
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Iterable
 
 USAGE = 2
 BROKEN_PIPE = 141
@@ -33,3 +35,16 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """An argparse type: an integer >= 0 (an index)."""
     return _int(text, 0, "an index (0 or more)")
+
+
+def require_paths(items: Iterable[str]) -> None:
+    """FileNotFoundError (exit 1) for the first of `items` that names no file or folder: a path
+    that does not exist, not a glob pattern (which may match nothing here and fails later) or a URL
+    (listed remotely)."""
+    from kvfast.read import remote
+
+    for item in items:
+        if remote.is_url(item) or any(c in item for c in "*?["):
+            continue
+        if not os.path.exists(remote.local_path(item)):
+            raise FileNotFoundError(f"{item}: no such file or directory")

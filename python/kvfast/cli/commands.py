@@ -16,10 +16,11 @@ import kvfast
 from kvfast.cli import views as cli_views
 from kvfast.cli import warned
 from kvfast.cli import write as cli_write
-from kvfast.cli.args import BROKEN_PIPE, USAGE, non_negative_int
+from kvfast.cli.args import BROKEN_PIPE, USAGE, non_negative_int, require_paths
 from kvfast.errors import ProbeCrashError
 from kvfast.read import ggml, memory
 from kvfast.read.state import State
+from kvfast.writing import output
 
 
 def _describe(dump: State) -> dict[str, Any]:
@@ -139,10 +140,23 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _emit(df: pl.DataFrame, args: argparse.Namespace) -> None:
-    if args.output:
-        df.write_parquet(args.output)
-        print(f"wrote {df.height} rows to {args.output}")
+def _checked(args: argparse.Namespace, inputs: Sequence[str]) -> list[str]:
+    """The inputs of a command with ``-o``, its output path checked before any work (see
+    :mod:`kvfast.writing.output`)."""
+    if args.output is not None:  # -o "" is refused, not taken for no -o
+        output.target(args.output, inputs=inputs)
+    return list(inputs)
+
+
+def _write_parquet(df: pl.DataFrame, args: argparse.Namespace, inputs: Sequence[str]) -> None:
+    with output.replacing(args.output, inputs=inputs) as tmp:
+        df.write_parquet(tmp)
+    print(f"wrote {df.height} rows to {args.output}")
+
+
+def _emit(df: pl.DataFrame, args: argparse.Namespace, inputs: Sequence[str]) -> None:
+    if args.output is not None:
+        _write_parquet(df, args, inputs)
     elif args.json:
         print((df if args.rows is None else df.head(args.rows)).write_json())
     else:
@@ -151,6 +165,7 @@ def _emit(df: pl.DataFrame, args: argparse.Namespace) -> None:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
+    inputs = _checked(args, [args.path])
     with cli_views.open_state(args.path, args) as dump:
         df = dump.stats(
             by=args.by,
@@ -160,11 +175,12 @@ def _cmd_stats(args: argparse.Namespace) -> int:
             model_layers=args.model_layers,
             caches=args.caches,
         )
-    _emit(df, args)
+    _emit(df, args, inputs)
     return 0
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
+    inputs = _checked(args, [args.a, args.b])
     with cli_views.open_state(args.a, args) as a, cli_views.open_state(args.b, args) as b:
         df = kvfast.compare(
             a,
@@ -176,7 +192,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
             caches=args.caches,
             model_layers=args.model_layers,
         )
-    _emit(df, args)
+    _emit(df, args, inputs)
     return 0
 
 
@@ -211,10 +227,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_manifest(args: argparse.Namespace) -> int:
+    require_paths(args.states)  # a state that fails to open is a row; a path that is not there, an error
+    inputs = _checked(args, args.states)
     df = kvfast.manifest(args.states)
-    if args.output:
-        df.write_parquet(args.output)
-        print(f"wrote {df.height} rows to {args.output}")
+    if args.output is not None:
+        _write_parquet(df, args, inputs)
     elif args.json:
         print((df if args.rows is None else df.head(args.rows)).write_json())
     else:
@@ -226,6 +243,15 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
         ):
             print(df)
     return 0
+
+
+def _window(text: str) -> int | str:
+    """--queries: a positive window or 'all'."""
+    if text == "all":
+        return text
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected a positive number of positions or 'all', not {text!r}")
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
@@ -251,6 +277,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
             shared_prefix=prefix,
             unified=not args.non_unified,
             whole_state=args.whole_state,
+            queries=args.queries,
         )
     except ProbeCrashError as e:
         print(f"kvfast probe: error: {e}", file=sys.stderr)
@@ -420,6 +447,13 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--shared-prefix", help="text decoded once and shared by every sequence of a batch")
     pr.add_argument("--non-unified", action="store_true", help="one cache stream per sequence")
     pr.add_argument("--whole-state", action="store_true", help="also save each batch's whole state")
+    pr.add_argument(
+        "--queries",
+        metavar="W",
+        type=_window,
+        help="capture every attention layer's queries of the last W positions of each prompt (or 'all')"
+        " and of the generated tokens: OUT/<id>.queries.npy + .json (kvfast.attention reads them)",
+    )
     pr.set_defaults(run=_cmd_probe)
     return p
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 import kvfast
 from kvfast.cli.args import non_negative_int, positive_int
 from kvfast.plot.scale import parse_cells
 from kvfast.read import hexview
+from kvfast.writing import output
 
 
 def geometry_options(p: argparse.ArgumentParser, many: bool = False) -> None:
@@ -104,16 +106,25 @@ def _cmd_addr(args: argparse.Namespace) -> int:
     return 0
 
 
+def _save(fig: Any, args: argparse.Namespace) -> None:
+    """The figure written at ``-o`` (see :mod:`kvfast.writing.output`), in the format its suffix
+    names (PNG when it names none)."""
+    fmt = os.path.splitext(args.output)[1].lstrip(".").lower() or "png"
+    with output.replacing(args.output, inputs=args.paths) as tmp:
+        fig.savefig(tmp, dpi=args.dpi, format=fmt)
+
+
 def _cmd_plot(args: argparse.Namespace) -> int:
     from kvfast.plot import figures as plot
 
+    output.target(args.output, inputs=args.paths)
     fig: Any
     if args.what == "diff":
         if len(args.paths) != 2:
             raise ValueError("kvfast plot diff takes two states: A B")
         with open_state(args.paths[0], args) as a, open_state(args.paths[1], args) as b:
-            fig = plot.diff(a, b, scale=args.scale)
-            fig.savefig(args.output, dpi=args.dpi)
+            fig = plot.diff(a, b, scale=args.scale, match=args.match)
+            _save(fig, args)
     else:
         if len(args.paths) != 1:
             raise ValueError(f"kvfast plot {args.what} takes one state")
@@ -135,7 +146,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
                 )
             else:
                 fig = plot.stats(d, outlier=args.outlier, skip_first=args.skip_first)
-            fig.savefig(args.output, dpi=args.dpi)
+            _save(fig, args)
     print(f"wrote {args.output}")
     return 0
 
@@ -186,7 +197,7 @@ def register(sub: Any) -> None:
         " of one state against another.",
         epilog="examples: kvfast plot layout slot0.bin -o layout.png;"
         " kvfast plot heatmap slot0.bin --layer 3 --kind k --per-head --head-dim 128 --scale log -o k.png;"
-        " kvfast plot diff f16.bin q8.bin -o diff.png",
+        " kvfast plot diff f16.bin q8.bin -o diff.png; kvfast plot diff p0.ggsq p2.ggsq --match tokens -o d.png",
     )
     plot.add_argument("what", choices=["layout", "heatmap", "stats", "diff"])
     plot.add_argument("paths", nargs="+", help="the state (two for diff)")
@@ -211,6 +222,13 @@ def register(sub: Any) -> None:
         "--clip", type=float, help="heatmap: cap the colour scale at this percentile of |value| (e.g. 99.5)"
     )
     plot.add_argument("--cells", type=parse_cells, help="heatmap: only cells START:STOP (e.g. 0:64)")
+    plot.add_argument(
+        "--match",
+        choices=["sequence", "position", "tokens"],
+        default="sequence",
+        help="diff: match cells by (sequence, position), position alone, or position over the common"
+        " token prefix (as kvfast diff)",
+    )
     plot.add_argument("--dpi", type=positive_int, default=100)
     geometry_options(plot)
     plot.set_defaults(run=_cmd_plot)

@@ -16,14 +16,24 @@ def _open(args: argparse.Namespace) -> kvfast.State:
     return kvfast.open(args.path, model=args.model, head_dim=args.head_dim)
 
 
+def cells_kept(d: kvfast.State, e: kvfast.State) -> str:
+    """``6 of 9 cells``: the cells of `e` against those of `d`, per cache where there are several
+    (an iSWA model holds a token in each of its caches: a sum would count it twice, where ``kvfast
+    info`` shows each cache's cells)."""
+    before = [sum(s.cell_count for s in c.streams) for c in d.caches]
+    after = [sum(s.cell_count for s in c.streams) for c in e.caches]
+    if len(before) == 1 and len(after) == 1:
+        return f"{after[0]} of {before[0]} cells"
+    each = [f"{a} of {b} (cache {i})" for i, (a, b) in enumerate(zip(after, before, strict=False))]
+    return "cells per cache " + ", ".join(each)
+
+
 def _report(args: argparse.Namespace, d: kvfast.State, n: int) -> None:
     with kvfast.open(args.output, model=args.model, head_dim=args.head_dim) as e:
-        before = sum(s.cell_count for c in d.caches for s in c.streams)
-        after = sum(s.cell_count for c in e.caches for s in c.streams)
         types = sorted({f"{ly.k_type}/{ly.v_type}" for c in e.caches for s in c.streams for ly in s.layers})
         print(
             f"{args.output}: {e.container}{'' if e.version is None else f' {e.version}'}, {n} bytes,"
-            f" {after} of {before} cells, K/V {', '.join(types) or '-'}"
+            f" {cells_kept(d, e)}, K/V {', '.join(types) or '-'}"
         )
 
 
@@ -37,12 +47,19 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
         "cache_type_v": args.ctv,
         "rotate": not args.no_rotate,
         "v_trans": None if args.fa is None else args.fa == "off",
+        "replace": args.replace,
     }
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
-    keep = prune.by_score(args.ratio, "k_l2", args.drop, args.sinks, args.window)
+    keep: Any = prune.by_score(args.ratio, "k_l2", args.drop, args.sinks, args.window)
+    if args.score != "key-norm" and args.queries is None:
+        raise SystemExit(f"kvfast prune: --score {args.score} needs --queries (a probe's <id>.queries.json)")
     with _open(args) as d:
+        if args.score != "key-norm":
+            from kvfast.attn.scores import by_attention
+
+            keep = by_attention(d, args.queries, args.ratio, args.score, sinks=args.sinks, window=args.window)
         n = kvfast.write(d, args.output, keep=keep, **_common(args))
         _report(args, d, n)
     return 0
@@ -57,7 +74,17 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="the state to read")
-    p.add_argument("-o", "--output", required=True, help="the state to write")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="the state to write: a new file or a regular file replaced (never a folder, a device or a FIFO)",
+    )
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="let -o be the state read, replaced once the new one is whole (refused without it)",
+    )
     p.add_argument("--model", help="a GGUF model: head sizes (for the rotation of quantized types), arch")
     p.add_argument("--head-dim", type=int, help="values per head, when no model is given")
     p.add_argument(
@@ -95,7 +122,7 @@ def register(sub: Any) -> None:
         help="drop cells by key norm (sinks and a recent window kept) and write a state llama.cpp loads",
         description="Drop a share of each cache's cells, those of the largest (or smallest) key L2 norm, keeping"
         " the first --sinks positions and the last --window; every attention cache (both of an iSWA pair)"
-        " loses the same tokens, the token list with them.",
+        " loses the same tokens; the token list stays indexed by position (token i at position i).",
         epilog="example: kvfast prune slot0.bin -o slot0-half.bin --ratio 0.5 --sinks 4 --window 16 --model m.gguf",
     )
     _options(pr)
@@ -103,6 +130,14 @@ def register(sub: Any) -> None:
         "--ratio", type=float, required=True, help="share of the unprotected cells to drop (0 to 1)"
     )
     pr.add_argument("--drop", choices=["highest", "lowest"], default="highest", help="which key norms go")
+    pr.add_argument(
+        "--score",
+        choices=["key-norm", "h2o", "snapkv", "tova"],
+        default="key-norm",
+        help="what ranks the cells: the key norm (--drop), or the attention of captured queries (the least"
+        " attended go): H2O's accumulated attention, SnapKV's window vote, TOVA's last query",
+    )
+    pr.add_argument("--queries", help="the queries of the attention scores (a probe's <id>.queries.json)")
     pr.add_argument("--sinks", type=non_negative_int, default=0, help="first positions always kept")
     pr.add_argument(
         "--window", type=non_negative_int, default=1, help="last positions always kept (default 1)"

@@ -4,6 +4,7 @@ Layout: one folder per state (named by its id, :func:`kvfast.dataset.dump_id`), 
 
     OUT/<state>-<hash>/layer-3.parquet      one file per partition of the state
     OUT/<state>-<hash>/_kvfast.json         its marker: source size, mtime, options, value types
+    OUT/<state>-<hash>/_recurrent/kind-s.parq   a recurrent part's values (export_recurrent)
 
 Every file holds every column, the partition keys (``layer``, ``cache``, ``kind``) included, with
 the types of :data:`kvfast.dataset.INDEX_SCHEMA`, so any engine reads the same table from a glob
@@ -136,7 +137,9 @@ def _done(commit: Commit, key: str, source: dict[str, Any], signature: dict[str,
         saved = json.loads((commit.published(key) / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return bool(saved.get("source") == source and saved.get("options") == signature)
+    # a state exported before its recurrent values left the value table's globs: done again
+    old = (commit.published(key) / export_recurrent.OLD_FOLDER).exists()
+    return bool(saved.get("source") == source and saved.get("options") == signature) and not old
 
 
 def _write(frames: Iterator[pl.DataFrame], dest: Path) -> tuple[int, str | None]:

@@ -18,7 +18,10 @@ of a state (files and marker) or none of it, whenever the export is stopped, eve
   starts, so leftovers are removed by the next run. Renames into and out of ``OUT``, and the sweep,
   happen under one lock, ``flock`` on the ``OUT`` directory itself, so several processes may export into the same
   ``OUT`` at once, over overlapping states; the last to publish a state wins, and each state is
-  whole. Locks are ``flock`` (POSIX systems; network file systems may not honour it).
+  whole. Locks are ``flock`` (POSIX systems; network file systems may not honour it), taken with
+  :func:`kvfast.writing.output.lock`, as a single file kvfast writes locks its temporary file.
+- ``OUT`` is checked first (:func:`kvfast.writing.output.folder`): a path that names a file, a
+  device or a FIFO is refused with :class:`kvfast.OutputError`, before any state is read.
 """
 
 from __future__ import annotations
@@ -37,24 +40,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 
-if sys.platform != "win32":
-    import fcntl
+from kvfast.writing.output import folder, lock
 
 META = "_kvfast"
 MARKER = "_kvfast.json"
-
-
-def _lock(directory: Path, blocking: bool = True) -> int | None:
-    """An open descriptor of `directory` holding an exclusive ``flock`` on it (closing it releases
-    the lock); None when `blocking` is off and another process or descriptor holds the lock."""
-    fd = os.open(directory, os.O_RDONLY)
-    if sys.platform != "win32":
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(fd)
-            return None
-    return fd
 
 
 @functools.cache
@@ -101,15 +90,14 @@ class Commit:
     leaving it removes what the run staged."""
 
     def __init__(self, out: Path) -> None:
-        self.out = Path(os.path.realpath(out))
-        self.out.mkdir(parents=True, exist_ok=True)
+        self.out = Path(os.path.realpath(folder(out)))
         self._threads = threading.Lock()
         self.root = _staging_root(self.out)
         with self.locked():
             self._sweep()
             self.root.mkdir(parents=True, exist_ok=True)
             self.run = Path(tempfile.mkdtemp(prefix="run-", dir=self.root))
-            self._run_lock = _lock(self.run)
+            self._run_lock = lock(self.run)
 
     def __enter__(self) -> Self:
         return self
@@ -121,7 +109,7 @@ class Commit:
     def locked(self) -> Iterator[None]:
         """Hold the lock on `out` (against this process's other threads and other processes)."""
         with self._threads:
-            fd = _lock(self.out)  # the lock is on OUT itself: no lock file
+            fd = lock(self.out)  # the lock is on OUT itself: no lock file
             try:
                 yield
             finally:
@@ -136,7 +124,7 @@ class Commit:
             if not d.is_dir() or d.is_symlink():
                 continue
             try:
-                fd = _lock(d, blocking=False)
+                fd = lock(d, blocking=False)
             except OSError:
                 continue
             if fd is not None:  # its run is gone

@@ -21,8 +21,18 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
+from kvfast.dataset import export_recurrent
 from kvfast.dataset.export_commit import MARKER
-from kvfast.dataset.export_recurrent import FOLDER as RECURRENT
+
+
+def _states(out: str | os.PathLike[str]) -> list[Path]:
+    """The folders of the states published in `out` (never the staging folder ``_kvfast/`` that an
+    export falls back to when OUT is a mount point)."""
+    return [
+        state
+        for state in sorted(Path(out).iterdir())
+        if state.is_dir() and not state.name.startswith(("_", ".")) and (state / MARKER).is_file()
+    ]
 
 
 def _width(marker: Path) -> int | None:
@@ -36,33 +46,32 @@ def _width(marker: Path) -> int | None:
 def widths(out: str | os.PathLike[str]) -> list[int]:
     """The values' widths (head sizes) of the states published in `out`: an export of states of
     several models holds each state's values at its own width."""
-    root = Path(out)
-    found = {
-        _width(state / MARKER)
-        for state in root.iterdir()
-        if state.is_dir() and not state.name.startswith(("_", ".")) and (state / MARKER).is_file()
-    }
-    return sorted(w for w in found if w is not None)
+    return sorted({w for w in (_width(state / MARKER) for state in _states(out)) if w is not None})
 
 
 def export_files(out: str | os.PathLike[str], head_dim: int | None = None) -> list[str]:
-    """The Parquet files of the states published in `out` (never files being written: those of
-    the staging folder ``_kvfast/`` that an export falls back to when OUT is a mount point);
-    ``head_dim``: of the states whose values have that width only (see :func:`widths`), the list
-    to hand any engine (``pl.scan_parquet(files)``, ``duckdb.read_parquet(files)``,
-    ``pyarrow.dataset.dataset(files)``, ``datasets.load_dataset("parquet", data_files=files)``)."""
-    root = Path(out)
+    """The Parquet files of the value table (or statistics) of the states published in `out`: what
+    ``OUT/**/*.parquet`` matches, never files being written; ``head_dim``: of the states whose
+    values have that width only (see :func:`widths`), the list to hand any engine
+    (``pl.scan_parquet(files)``, ``duckdb.read_parquet(files)``, ``pyarrow.dataset.dataset(files)``,
+    ``datasets.load_dataset("parquet", data_files=files)``)."""
     files: list[str] = []
-    for state in sorted(root.iterdir()):
-        if state.is_dir() and not state.name.startswith(("_", ".")) and (state / MARKER).is_file():
-            if head_dim is not None and _width(state / MARKER) != head_dim:
-                continue
-            # the recurrent part's values, of other widths, have a folder of their own
-            # (kvfast.dataset.export_recurrent): not part of the value table
-            files += sorted(
-                str(f) for f in state.rglob("*.parquet") if f.relative_to(state).parts[0] != RECURRENT
-            )
+    for state in _states(out):
+        if head_dim is not None and _width(state / MARKER) != head_dim:
+            continue
+        # the recurrent part's values, of other widths, are elsewhere (export_recurrent)
+        files += sorted(
+            str(f) for f in state.rglob("*.parquet") if not f.relative_to(state).parts[0].startswith("_")
+        )
     return files
+
+
+def recurrent_files(out: str | os.PathLike[str], kind: str) -> list[str]:
+    """The files of the recurrent part's ``kind`` rows ('r' or 's') of the states published in
+    `out`, one per state that has them: ``OUT/*/_recurrent/kind-s.parq``."""
+    if kind not in ("r", "s"):
+        raise ValueError(f"kind must be 'r' or 's', not {kind!r}")
+    return [str(f) for state in _states(out) if (f := state / export_recurrent.name(kind)).is_file()]
 
 
 def _widest(schemas: list[pa.Schema]) -> pa.Schema:

@@ -1,6 +1,8 @@
 """Pictures of states as matplotlib figures (:mod:`.figures`, re-exported here: ``kvfast.plot.layout``
-and the like) and their colour scales and cell windows (:mod:`.scale`, no matplotlib needed).
-matplotlib itself is imported when a figure is drawn."""
+and the like; :mod:`.comparison` draws one state against another), their colour scales and cell
+windows (:mod:`.scale`), their type sizes and ticks (:mod:`.style`) and the figure they are drawn on
+(:mod:`.display`: it shows itself in a notebook). matplotlib itself is imported when a figure is
+drawn."""
 
 from kvfast.plot.figures import COLORS, diff, heatmap, layout, per_token, stats
 

@@ -2,7 +2,8 @@
 whether the llama.cpp build rotated quantized caches.
 
 The probe runner (:mod:`kvfast.probe`) writes ``manifest.parquet`` next to the states it saves;
-:func:`kvfast.open` looks there only when it is given neither a model nor a head size. A manifest is
+:func:`kvfast.open` takes the build's rotation from it always (a whole state's container does not date
+it), the geometry and token pieces only when it is given neither a model nor a head size. A manifest is
 parsed once per directory and kept while its file is unchanged (same modification time, size and
 inode), so opening 200 states beside one manifest reads it once. A file of that name that is not a
 probe manifest (another tool's: columns missing or of other types) gives no hint, never an error.
@@ -133,6 +134,16 @@ def _geometry(row: dict[str, Any]) -> ModelGeometry | None:
         v_less=v_less if isinstance(v_less, bool) else None,
         n_layer_trunk=trunk if _int(trunk) else None,
     )
+
+
+def describing(path: str | os.PathLike[str]) -> Path | None:
+    """The probe manifest beside `path` when it names that file (as a state or a batch's whole
+    state), else None: a file another tool writes there would contradict what it records."""
+    p = Path(path)
+    parsed = _manifest(p.parent)
+    if parsed is None or p.name not in parsed.rows:
+        return None
+    return p.parent / NAME
 
 
 def recorded_for(path: str | os.PathLike[str]) -> Recorded | None:

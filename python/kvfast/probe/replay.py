@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from kvfast.errors import LoadError
 from kvfast.probe.runner import Runner
+from kvfast.writing import output
 
 How = Literal["seq_data", "seq_file", "state_file", "state_data"]
 
@@ -109,17 +110,19 @@ class Replay:
         L, ctx = self.L, self.r.ctx
         p = Path(path)
         if how == "seq_file":
-            self.r.save_seq(p, seq, list(tokens))
+            self.r.save_seq(p, seq, list(tokens), guard_manifest=True)
         elif how == "state_file":
             arr = (L.llama_token * len(tokens))(*tokens)
-            if not L.llama_state_save_file(ctx, os.fsencode(p), arr, len(tokens)):
-                raise LoadError("llama_state_save_file failed")
+            with output.replacing(p) as tmp:
+                if not L.llama_state_save_file(ctx, os.fsencode(tmp), arr, len(tokens)):
+                    raise LoadError("llama_state_save_file failed")
         elif how == "seq_data":
             n = L.llama_state_seq_get_size(ctx, seq)
             buf = (ctypes.c_uint8 * n)()
-            p.write_bytes(bytes(buf[: L.llama_state_seq_get_data(ctx, buf, n, seq)]))
+            with output.replacing(p) as tmp:
+                tmp.write_bytes(memoryview(buf)[: L.llama_state_seq_get_data(ctx, buf, n, seq)])
         else:
-            self.r.save_whole(p)
+            self.r.save_whole(p, guard_manifest=True)
 
     def load(self, path: str | os.PathLike[str], seq: int = 0, how: How | None = None) -> int:
         """Load a state file into the cache (a sequence state into ``seq``) with the C API call of

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import polars as pl
@@ -26,6 +26,7 @@ from kvfast import _kvfast
 from kvfast.model.geometry import ModelGeometry
 from kvfast.probe import manifest as probe_manifest
 from kvfast.read.ggml import TYPES
+from kvfast.writing import output
 
 #: The manifest's file name in the output folder (where kvfast.open finds it).
 MANIFEST = probe_manifest.NAME
@@ -67,6 +68,11 @@ def load_prompts(source: str | os.PathLike[str] | Sequence[str | dict[str, Any]]
     ids = [p.id for p in out]
     if len(set(ids)) != len(ids):
         raise ValueError("prompt ids must be unique")
+    for pid in ids:
+        if pid in ("", ".", "..") or os.path.basename(pid) != pid or "/" in pid:
+            raise ValueError(
+                f"prompt id {pid!r}: ids name the states saved (OUT/<id>.ggsq), so no '/' or '..'"
+            )
     return out
 
 
@@ -107,6 +113,7 @@ class Runner:
         gpu_layers: int,
         unified: bool,
         verbose: bool = False,
+        capture: Any = None,
     ) -> None:
         for t in (ctk, ctv):
             if t not in TYPES:
@@ -128,6 +135,12 @@ class Runner:
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.kv_unified = unified
         cp.n_threads = cp.n_threads_batch = os.cpu_count() or 1
+        self.capture = capture  # kept alive: llama.cpp holds its callback
+        if capture is not None:  # a kvfast.attn.capture.Capture: the graph callback
+            from kvfast.attn.capture import install
+
+            install(cp, capture)
+            cp.swa_full = True  # a sliding-window cache keeps every cell the captured queries saw
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create the context (cache types, flash attention, size?)")
@@ -198,20 +211,22 @@ class Runner:
     def share(self, src: int, dst: int) -> None:
         self.L.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
 
-    def save_seq(self, path: Path, seq: int, tokens: list[int]) -> None:
+    def save_seq(self, path: Path, seq: int, tokens: list[int], guard_manifest: bool = False) -> None:
+        """Save a sequence as llama_state_seq_save_file writes it, whole or not at all
+        (:mod:`kvfast.writing.output`; `guard_manifest`: refuse a name a probe manifest beside it
+        gives, as for a file the user names, not for the run's own states)."""
         arr = (self.L.llama_token * len(tokens))(*tokens)
-        tmp = path.with_name(f".{path.name}.tmp")
-        if not self.L.llama_state_seq_save_file(self.ctx, os.fsencode(tmp), seq, arr, len(tokens)):
-            raise RuntimeError(f"llama_state_seq_save_file failed for sequence {seq}")
-        os.replace(tmp, path)
+        with output.replacing(path, guard_manifest=guard_manifest) as tmp:
+            if not self.L.llama_state_seq_save_file(self.ctx, os.fsencode(tmp), seq, arr, len(tokens)):
+                raise RuntimeError(f"llama_state_seq_save_file failed for sequence {seq}")
 
-    def save_whole(self, path: Path) -> None:
+    def save_whole(self, path: Path, guard_manifest: bool = False) -> None:
+        """Save the whole context as llama_state_get_data gives it (as :meth:`save_seq`)."""
         n = self.L.llama_state_get_size(self.ctx)
         buf = (ctypes.c_uint8 * n)()
         written = self.L.llama_state_get_data(self.ctx, buf, n)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(bytes(buf[:written]))
-        os.replace(tmp, path)
+        with output.replacing(path, guard_manifest=guard_manifest) as tmp:
+            tmp.write_bytes(memoryview(buf)[:written])
 
     def rotates(self) -> tuple[bool, str | None]:
         """Whether this llama.cpp stores quantized caches Hadamard-rotated (its library has the
@@ -279,17 +294,24 @@ def run(
     whole_state: bool = False,
     progress: bool = True,
     verbose: bool = False,
+    queries: int | Literal["all"] | None = None,
 ) -> pl.DataFrame:
     """Run every prompt and save its sequence's state (``OUT/<id>.ggsq``), optionally the whole
     context of each batch (``OUT/batch-NNNNN.state``), and the manifest (``OUT/manifest.parquet``).
+
+    ``queries=W`` also captures each attention layer's query vectors of the last ``W`` positions of
+    each prompt (``"all"``: every position of the prompt; the shared prefix's are not captured) and
+    of its generated tokens, from llama.cpp's graph, into ``OUT/<id>.queries.npy`` and its sidecar
+    ``OUT/<id>.queries.json`` (the manifest's ``queries`` column; see :mod:`kvfast.attn.capture`).
+    The prompts of a batch are then decoded one sequence at a time, with the sliding-window cache
+    kept whole (``swa_full``).
 
     A prompt longer than the context is reported (status ``too_long``) and skipped, never truncated.
     States already in the manifest and on disk are not redone: an interrupted run resumes.
     Returns the manifest.
     """
     model = os.fspath(model)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output.folder(out_dir)
     todo = load_prompts(prompts)
     old = pl.read_parquet(out / MANIFEST) if (out / MANIFEST).exists() else None
     done = set()
@@ -297,8 +319,26 @@ def run(
         ok = old.filter(pl.col("status") == "ok")
         done = {pid for pid, st in ok.select("prompt_id", "state").iter_rows() if (out / st).exists()}
     geometry = _geometry(model)
+    capture = None
+    if queries is not None:
+        if queries != "all" and (not isinstance(queries, int) or isinstance(queries, bool) or queries < 1):
+            raise ValueError(f"queries must be a positive window or 'all', not {queries!r}")
+        from kvfast.attn.capture import Capture
+
+        layers = _kvfast.attention_layers(model)
+        if not layers:
+            raise ValueError(f"{model}: the model has no attention layer, so no query to capture")
+        capture = Capture(layers)
     r = Runner(
-        model, ctk=ctk, ctv=ctv, fa=fa, parallel=parallel, n_ctx=n_ctx, gpu_layers=gpu_layers, unified=unified
+        model,
+        ctk=ctk,
+        ctv=ctv,
+        fa=fa,
+        parallel=parallel,
+        n_ctx=n_ctx,
+        gpu_layers=gpu_layers,
+        unified=unified,
+        capture=capture,
     )
     build = r.build()
     rotates, rot_env = r.rotates()
@@ -316,6 +356,7 @@ def run(
         "llama_build": build,
         "attn_rot": rotates,
         "attn_rot_disable_env": rot_env,
+        "queries_window": None if queries is None else str(queries),
     }
     prefix: list[int] = []
     if shared_prefix is not None:
@@ -348,7 +389,8 @@ def run(
             bar = tqdm(total=len(runnable), unit="prompt", desc="kvfast probe", disable=None, file=sys.stderr)
         budget = r.n_ctx - parallel * generate if unified else per_seq
         for bi, group in enumerate(_batches(runnable, parallel, budget, len(prefix))):
-            rows.extend(_run_batch(r, group, prefix, generate, out, bi, whole_state, config))
+            window = None if queries in (None, "all") else int(queries)
+            rows.extend(_run_batch(r, group, prefix, generate, out, bi, whole_state, config, capture, window))
             if bar is not None:
                 bar.update(len(group))
             _write_manifest(out, old, rows)
@@ -376,6 +418,7 @@ def _row(p: Prompt, status: str, config: dict[str, Any], prefix: list[int]) -> d
         "decode_ms": None,
         "save_ms": None,
         "error": None,
+        "queries": None,
         **config,
     }
 
@@ -389,6 +432,8 @@ def _run_batch(
     bi: int,
     whole: bool,
     config: dict[str, Any],
+    capture: Any = None,
+    window: int | None = None,
 ) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     r.clear()
@@ -396,21 +441,12 @@ def _run_batch(
         r.decode([(t, i, 0, False) for i, t in enumerate(prefix)])
         for s in range(1, len(group)):
             r.share(0, s)
-    entries: list[tuple[int, int, int, bool]] = []
-    last: dict[int, int] = {}
-    for s, p in enumerate(group):
-        for i, t in enumerate(p.ids):
-            is_last = i == len(p.ids) - 1
-            if is_last:
-                last[s] = len(entries)
-            entries.append((t, len(prefix) + i, s, is_last and generate > 0))
-    r.decode(entries)
-    generated: list[list[int]] = [[] for _ in group]
-    for step in range(generate):
-        nxt = [r.argmax(last[s] if step == 0 else s) for s in range(len(group))]
-        for s, t in enumerate(nxt):
-            generated[s].append(t)
-        r.decode([(t, len(prefix) + len(group[s].ids) + step, s, True) for s, t in enumerate(nxt)])
+    if capture is not None:
+        from kvfast.attn.capture import decode_group, write_sidecar
+
+        generated, writers, seq_rows = decode_group(r, group, prefix, generate, capture, window, out)
+    else:
+        generated = _decode_batch(r, group, prefix, generate)
     decode_ms = (time.perf_counter() - t0) * 1000
     rows = []
     whole_name = None
@@ -434,8 +470,34 @@ def _run_batch(
             decode_ms=decode_ms,
             save_ms=(time.perf_counter() - t1) * 1000,
         )
+        if capture is not None:
+            meta = {"model": config["model"], "arch": config["arch"], "prompt_id": p.id, "state": name}
+            row["queries"] = write_sidecar(
+                writers[s], capture, {**meta, "whole_state": whole_name}, seq_rows[s]
+            )
         rows.append(row)
     return rows
+
+
+def _decode_batch(r: Runner, group: list[Prompt], prefix: list[int], generate: int) -> list[list[int]]:
+    """Decode a batch's prompts in one llama_decode, then `generate` tokens of each, one decode
+    per step; the tokens generated."""
+    entries: list[tuple[int, int, int, bool]] = []
+    last: dict[int, int] = {}
+    for s, p in enumerate(group):
+        for i, t in enumerate(p.ids):
+            is_last = i == len(p.ids) - 1
+            if is_last:
+                last[s] = len(entries)
+            entries.append((t, len(prefix) + i, s, is_last and generate > 0))
+    r.decode(entries)
+    generated: list[list[int]] = [[] for _ in group]
+    for step in range(generate):
+        nxt = [r.argmax(last[s] if step == 0 else s) for s in range(len(group))]
+        for s, t in enumerate(nxt):
+            generated[s].append(t)
+        r.decode([(t, len(prefix) + len(group[s].ids) + step, s, True) for s, t in enumerate(nxt)])
+    return generated
 
 
 def _write_manifest(out: Path, old: pl.DataFrame | None, rows: list[dict[str, Any]]) -> pl.DataFrame:
@@ -445,7 +507,6 @@ def _write_manifest(out: Path, old: pl.DataFrame | None, rows: list[dict[str, An
         return pl.DataFrame()
     df = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
     df = df.unique("prompt_id", keep="last", maintain_order=True)
-    tmp = out / f".{MANIFEST}.tmp"
-    df.write_parquet(tmp)
-    os.replace(tmp, out / MANIFEST)
+    with output.replacing(out / MANIFEST, guard_manifest=False) as tmp:
+        df.write_parquet(tmp)
     return df

@@ -1,15 +1,24 @@
-"""One rule for what callers select: every index an integer in range, no head twice, head_dim a
-positive integer dividing every row. Anything else raises :class:`kvfast.SelectionError` (a
-``ValueError``), the same from every entry point: tables, statistics, addresses, values, the CLI.
+"""One rule for the arguments callers give: every index an integer in range, no head twice, head_dim a
+positive integer dividing every row, a kind, a dtype or a cache type one of their names. Anything else
+raises :class:`kvfast.SelectionError` (a ``ValueError``), the same from every entry point: tables,
+statistics, addresses, values, the CLI; :func:`kvfast.write` checks its own arguments with the same
+functions and raises :class:`kvfast.WriteError` naming the argument.
+
+An integer is an ``int`` or a NumPy integer (anything with ``__index__``), never a ``bool`` (``True``
+is no layer), a float (``1.0`` is no layer, ``1.5`` no token) or a string; and it must fit what it is
+given to (a sequence id, a token, a position), never overflowing on its way to Rust.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from kvfast import _kvfast
 from kvfast.errors import SelectionError
 from kvfast.read.structure import Cache, Layer, Recurrent, RecurrentLayer
 
@@ -20,14 +29,42 @@ RECURRENT_KINDS = ("r", "s")
 ALL_KINDS = KINDS + RECURRENT_KINDS
 
 
-def integer(name: str, value: Any) -> int:
-    """`value` as an int: an int or anything with ``__index__`` (NumPy integers), never a bool."""
-    if isinstance(value, bool):
-        raise SelectionError(f"{name} must be an integer, not {value!r}")
+#: The largest value of an int32 argument (positions, tokens, skip_first): llama.cpp's llama_pos and
+#: llama_token are int32.
+INT32_MAX = 2**31 - 1
+#: The largest value of a u32 argument (heads, channels, cells).
+UINT32_MAX = 2**32 - 1
+#: llama.cpp's LLAMA_MAX_SEQ (kvfast-core's): sequence ids are 0 to 255.
+MAX_SEQ: int = _kvfast.MAX_SEQ
+#: What a read's ``dtype`` takes: None (as stored where the type allows it) or float32.
+DTYPES = ("float32", "f32")
+
+#: How an argument error is raised: a message to an exception (SelectionError, or WriteError naming
+#: the argument for kvfast.write).
+Refuse = Callable[[str], Exception]
+
+
+def integer(
+    name: str, value: Any, lo: int | None = None, hi: int | None = None, error: Refuse = SelectionError
+) -> int:
+    """`value` as an int: an int or anything with ``__index__`` (NumPy integers), never a bool, a
+    float or a string; within ``lo .. hi`` where they are given."""
+    if isinstance(value, (bool, np.bool_)):
+        raise error(f"{name} must be an integer, not {value!r}")
     try:
-        return operator.index(value)
+        i = operator.index(value)
     except TypeError:
-        raise SelectionError(f"{name} must be an integer, not {value!r}") from None
+        raise error(f"{name} must be an integer, not {value!r}") from None
+    if (lo is not None and i < lo) or (hi is not None and i > hi):
+        span = (
+            f"{lo} to {hi}"
+            if lo is not None and hi is not None
+            else f"at least {lo}"
+            if lo is not None
+            else f"at most {hi}"
+        )
+        raise error(f"{name} must be {span}, not {i}")
+    return i
 
 
 def index(name: str, value: Any, n: int, where: str) -> int:
@@ -38,18 +75,42 @@ def index(name: str, value: Any, n: int, where: str) -> int:
     return i
 
 
-def positive(name: str, value: Any) -> int:
-    i = integer(name, value)
+def positive(name: str, value: Any, hi: int = UINT32_MAX) -> int:
+    i = integer(name, value, hi=hi)
     if i <= 0:
         raise SelectionError(f"{name} must be a positive integer, not {i}")
     return i
 
 
-def non_negative(name: str, value: Any) -> int:
-    i = integer(name, value)
+def non_negative(name: str, value: Any, hi: int = UINT32_MAX) -> int:
+    i = integer(name, value, hi=hi)
     if i < 0:
         raise SelectionError(f"{name} must be 0 or more, not {i}")
     return i
+
+
+def seq_id(name: str, value: Any, error: Refuse = SelectionError) -> int:
+    """A sequence id: an integer 0 to 255 (llama.cpp's LLAMA_MAX_SEQ)."""
+    q = integer(name, value, error=error)
+    if not 0 <= q < MAX_SEQ:
+        raise error(f"{name} must be 0 to {MAX_SEQ - 1} (llama.cpp's LLAMA_MAX_SEQ), not {q}")
+    return q
+
+
+def dtype(value: Any) -> str | None:
+    """A read's ``dtype``: None or ``"float32"``."""
+    if value is not None and (not isinstance(value, str) or value not in DTYPES):
+        raise SelectionError(f"dtype must be None or 'float32', not {value!r}")
+    return value
+
+
+def cache_type(name: str, value: Any, error: Refuse = SelectionError) -> str:
+    """A cache type's name, as llama.cpp writes it (``q8_0``, ``f16``, ...)."""
+    from kvfast.read.ggml import TYPES
+
+    if not isinstance(value, str) or value not in TYPES:
+        raise error(f"{name} must be a cache type ({', '.join(TYPES)}), not {value!r}")
+    return value
 
 
 def head_dim(value: Any) -> int | None:
@@ -57,12 +118,13 @@ def head_dim(value: Any) -> int | None:
     return None if value is None else positive("head_dim", value)
 
 
-def kind(value: Any) -> str:
-    if not isinstance(value, str) or value.lower() not in ALL_KINDS:
-        raise SelectionError(
+def kind(value: Any, error: Refuse = SelectionError) -> str:
+    """A kind, in lower case as every table writes it: 'k', 'v', 'r' or 's'."""
+    if not isinstance(value, str) or value not in ALL_KINDS:
+        raise error(
             f"kind must be 'k' or 'v' (attention caches), 'r' or 's' (the recurrent part), not {value!r}"
         )
-    return value.lower()
+    return value
 
 
 def record(layer: Layer | RecurrentLayer, k: str) -> tuple[str, int | None]:

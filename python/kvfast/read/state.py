@@ -53,15 +53,15 @@ class State:
         #: Token pieces of the state's tokens, when a probe manifest beside it records them.
         self.pieces: list[str] | None = None
         hint: tuple[bool, str] | None = None
-        if model is None and head_dim is None and not is_url:
-            found = probe_manifest.recorded_for(self.path)
-            if found is not None:
+        # a probe manifest beside the state: its build's rotation always (whole states and sequence
+        # states alike), its geometry and token pieces where no model or head size is given
+        found = None if is_url else probe_manifest.recorded_for(self.path)
+        if found is not None:
+            if model is None and head_dim is None:
                 model, self.pieces = found.geometry, found.pieces
-                if found.attn_rot is not None:
-                    says = (
-                        "rotates" if found.attn_rot else "does not rotate (or LLAMA_ATTN_ROT_DISABLE was set)"
-                    )
-                    hint = (found.attn_rot, f"probe manifest: the llama.cpp build {says}")
+            if found.attn_rot is not None:
+                says = "rotates" if found.attn_rot else "does not rotate (or LLAMA_ATTN_ROT_DISABLE was set)"
+                hint = (found.attn_rot, f"probe manifest: the llama.cpp build {says}")
         #: The GGUF file given as ``model`` (its vocabulary gives token pieces).
         self.model_path: str | None = None
         if model is not None and not isinstance(model, ModelGeometry):
@@ -80,6 +80,7 @@ class State:
             rotation=rotation,
             hint=hint,
             pre_rope=pre_rope,
+            metadata_limit=None if fetch is None else fetch.limits.metadata_limit,
         )
         #: The model's geometry (given, read from ``model``'s GGUF, or from a probe manifest).
         given = model if isinstance(model, ModelGeometry) else None
@@ -441,6 +442,7 @@ class State:
             ci = self._recurrent.index
         else:
             ci = 0 if cache is None else select.integer("cache", cache)
+        dtype = select.dtype(dtype)
         state = self._reading([ci], [rec.kind], stored)
         buf, name, n_embd, cells, _ = state.rows(ci, rec.stream.index, layer, rec.kind, dtype, stored)
         arr: npt.NDArray[Any] = np.frombuffer(memoryview(buf), dtype=np.dtype(name).newbyteorder("<"))
@@ -467,7 +469,7 @@ class State:
             layers=sel.layers,
             kinds=sel.kinds,
             heads=sel.heads,
-            dtype=dtype,
+            dtype=select.dtype(dtype),
         )
 
     def to_arrow(
@@ -556,8 +558,10 @@ class State:
     ) -> pl.DataFrame:
         """What a cache of ``type`` (q8_0, q4_0, ...) would lose: each row is quantized and
         dequantized with ggml's reference quantizer (bit-exact) in Rust; per (cache, layer, kind,
-        head) or per layer: mse, max_abs, rel (||x - q(x)|| / ||x||) and cosine. ``model_layers``:
-        the model's layers instead of ``layers`` (see :meth:`to_arrow`)."""
+        head) or per layer: mse, max_abs, pooled rel (||x - q(x)|| / ||x||) and cosine, and their
+        per-cell means and extremes (rel_mean, rel_max, cosine_mean, cosine_min): the columns of
+        ``kvfast.compare(by="layer")`` (:data:`kvfast.analysis.measure.LOSS_COLUMNS`).
+        ``model_layers``: the model's layers instead of ``layers`` (see :meth:`to_arrow`)."""
         return analysis.quant_error(
             self, type, by, layers, kinds, skip_first, rotate, model_layers=model_layers
         )
@@ -603,9 +607,11 @@ def open(
 
     ``path`` may be a URL (``s3://bucket/key``, or any protocol fsspec reads): the state is read by
     ranged requests, its metadata at open and then only the rows each pass reads (see
-    :mod:`kvfast.remote`; credentials and endpoint from the AWS variables or ``storage_options``);
-    :attr:`State.fetched_bytes` counts what was fetched. Errors of the storage are
-    :class:`kvfast.RemoteError`. A ``file://`` URL or a path is memory-mapped.
+    :mod:`kvfast.remote`; credentials and endpoint from the AWS variables or ``storage_options``;
+    deadlines and the metadata bound from ``storage_options={"kvfast": {"connect_timeout": ...,
+    "read_timeout": ..., "min_rate": ..., "metadata_limit": ...}}``, see
+    :mod:`kvfast.read.remote.limits`); :attr:`State.fetched_bytes` counts what was fetched.
+    Errors of the storage, and requests past their deadlines, are :class:`kvfast.RemoteError`. A ``file://`` URL or a path is memory-mapped.
     """
     return State(
         path,

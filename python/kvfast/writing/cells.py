@@ -69,7 +69,8 @@ def cells(dump: State, stats: Sequence[str] = ()) -> pl.DataFrame:
 def keep_mask(dump: State, keep: Any, sync: bool) -> list[list[list[bool]]]:
     """Per cache (the recurrent part, if any, last: ``[]``, every cell kept), per stream, per cell:
     whether the cell is kept. ``sync``: a token (stream, position, sequences) dropped from one
-    attention cache is dropped from every cache that holds it (both caches of an iSWA pair)."""
+    attention cache is dropped from every cache that holds it (both caches of an iSWA pair), and only
+    that token (:func:`_synced`)."""
     stats: list[str] = []
     if isinstance(keep, pl.Expr):
         stats = sorted({n for n in keep.meta.root_names() if n in STAT_COLUMNS})
@@ -94,11 +95,8 @@ def keep_mask(dump: State, keep: Any, sync: bool) -> list[list[list[bool]]]:
             " without a model's vocabulary): decide them, e.g. with .fill_null(True)",
         )
     frame = frame.with_columns(keep=flags)
-    if sync:
-        token = ["stream", "pos", "seq_ids"]
-        dropped = frame.filter(~pl.col("keep")).select(token).unique()
-        gone = frame.select(token).join(dropped.with_columns(gone=pl.lit(True)), on=token, how="left")
-        frame = frame.with_columns(keep=pl.col("keep") & gone["gone"].is_null())
+    if sync and len(dump.caches) > 1:
+        frame = _synced(dump, frame)
     flags_np = frame["keep"].to_numpy()
     out: list[list[list[bool]]] = []
     at = 0
@@ -113,12 +111,41 @@ def keep_mask(dump: State, keep: Any, sync: bool) -> list[list[list[bool]]]:
     return out
 
 
+def _synced(dump: State, frame: pl.DataFrame) -> pl.DataFrame:
+    """The keep flags with every token dropped from one attention cache dropped from the others.
+
+    A token is a cell's stream, position, sequences and cell extension (x, y) and its rank among
+    the cells of its cache alike in those (llama.cpp places a ubatch's cells in the same order in
+    both caches of an iSWA pair): so a position one sequence holds twice (M-RoPE image tokens,
+    ``llama_memory_seq_div``) is two tokens, and dropping one of its cells drops only that one."""
+    xs, ys = [], []
+    for c in dump.caches:
+        for s in c.streams:
+            ext = s.ext
+            n = s.cell_count
+            xs.append(np.asarray(ext[:, 0], np.int64) if ext is not None else np.zeros(n, np.int64))
+            ys.append(np.asarray(ext[:, 1], np.int64) if ext is not None else np.zeros(n, np.int64))
+    token = ["stream", "pos", "_seqs", "_x", "_y", "_rank"]
+    keyed = frame.select("cache", "stream", "pos", "seq_ids", "keep").with_columns(
+        _seqs=pl.col("seq_ids").list.eval(pl.element().cast(pl.String)).list.join(","),
+        _x=pl.Series(np.concatenate(xs) if xs else np.zeros(0, np.int64)),
+        _y=pl.Series(np.concatenate(ys) if ys else np.zeros(0, np.int64)),
+    )
+    keyed = keyed.with_columns(
+        _rank=pl.int_range(pl.len()).over(["cache", "stream", "pos", "_seqs", "_x", "_y"])
+    )
+    dropped = keyed.filter(~pl.col("keep")).select(token).unique().with_columns(_gone=pl.lit(True))
+    gone = keyed.select(token).join(dropped, on=token, how="left", maintain_order="left")["_gone"]
+    return frame.with_columns(keep=pl.col("keep") & gone.is_null())
+
+
 def kept_positions(dump: State, mask: list[list[list[bool]]]) -> tuple[set[int], set[int]]:
-    """Positions of the first attention cache's cells: (those with a cell kept, those with none)."""
+    """Positions of the attention caches' cells: (those with a cell kept in some cache, those with
+    none kept in any)."""
     had: set[int] = set()
     kept: set[int] = set()
-    if dump.caches:
-        for s, m in zip(dump.caches[0].streams, mask[0]):
+    for c, mc in zip(dump.caches, mask):
+        for s, m in zip(c.streams, mc):
             for p, k in zip(s.pos.tolist(), m):
                 had.add(p)
                 if k:

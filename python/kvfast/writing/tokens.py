@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvfast.errors import WriteError
+from kvfast.read import select
 
 if TYPE_CHECKING:
     from kvfast.read.state import State
@@ -42,27 +43,51 @@ def media_of(dump: State) -> list[tuple[int, bytes]]:
 
 
 def pruned(dump: State, dropped_pos: set[int]) -> list[int] | None:
-    """The source's token words with the tokens at `dropped_pos` removed (token i sits at position
-    i); None when nothing changes. A blob with media keeps its media only when no token is dropped."""
+    """The source's token words once the cells at ``dropped_pos`` are gone; None when nothing
+    changes.
+
+    Token i is the token at position i: llama.cpp's callers read a state's token list so
+    (llama-server's ``server_tokens::pos_next`` is the token count, the next prompt is matched
+    against it token for token, and decoding goes on at that position), and so does kvfast's
+    reader. A dropped position inside the list keeps its token: the sequence holds no cell there,
+    and a prompt that matches it goes on without it, which is what dropping it means. The dropped
+    positions at the end are cut off, so that the list ends where the sequence's last cell is
+    (the next token is decoded right after it, and a list left longer would name tokens no cell
+    holds). A llama-server blob with media (whose token indices are not positions) keeps its
+    media while its last position stays."""
     toks = dump.tokens
     if toks is None:
         return None
     tokens = toks.tolist()
-    kept = [t for i, t in enumerate(tokens) if i not in dropped_pos]
-    if len(kept) == len(tokens):
+    media = media_of(dump)
+    if media:
+        if dropped_pos and max(dropped_pos) >= max(_positions(dump), default=-1):
+            raise WriteError(
+                "keep",
+                "this llama-server slot holds media chunks (images, audio), whose token indices are not"
+                " positions: its last position can only be dropped with tokens= (a token list of your"
+                " own)",
+            )
         return None
-    if dump.server_tokens is None:
-        return kept
-    if media_of(dump):
-        raise WriteError(
-            "keep",
-            "this llama-server slot holds media chunks (images, audio): dropping cells would move "
-            "their token indices; give tokens= to write a token list of your own",
-        )
-    return blob(kept)
+    n = len(tokens)
+    while n and n - 1 in dropped_pos:
+        n -= 1
+    if n == len(tokens):
+        return None
+    return tokens[:n] if dump.server_tokens is None else blob(tokens[:n])
+
+
+def _positions(dump: State) -> set[int]:
+    return {int(p) for c in dump.caches for s in c.streams for p in s.pos.tolist()}
+
+
+def _refuse(message: str) -> WriteError:
+    return WriteError("tokens", message)
 
 
 def given(dump: State, tokens: Sequence[int]) -> list[int]:
     """The words of ``tokens=``: packed as the source's were (a llama-server slot file), else plain."""
-    ts = [int(t) for t in tokens]
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, (Sequence, np.ndarray)):
+        raise WriteError("tokens", f"a list of token ids, not {tokens!r}")
+    ts = [select.integer("a token id", t, 0, select.INT32_MAX, _refuse) for t in tokens]
     return blob(ts) if dump.server_tokens is not None else ts

@@ -17,8 +17,10 @@ import numpy.typing as npt
 import polars as pl
 
 from kvfast import _kvfast
-from kvfast.errors import WriteError
+from kvfast.errors import WriteError, WriteWarning, warn
+from kvfast.read import remote, select
 from kvfast.read.ggml import TYPES
+from kvfast.writing import output
 from kvfast.writing import tokens as wt
 from kvfast.writing.cells import keep_mask, kept_positions
 
@@ -55,19 +57,12 @@ def _stored_group(d: State, cache: int, kind: str) -> int:
 
 
 def _target_group(d: State, cache: int, kind: str, ty: str, rotate: bool) -> int:
-    """The group llama.cpp stores ``kind`` rows of type ``ty`` rotated in (0: not rotated)."""
-    if not rotate or TYPES[ty].block_len == 1:
+    """The group llama.cpp stores ``kind`` rows of type ``ty`` rotated in (0: not rotated), by its
+    rule for this cache (kvfast-core's: a V-less MLA cache's K, read through K-only attention, never)."""
+    if not rotate:
         return 0
-    head = d.head_dim_k if kind == "k" else d.head_dim_v
-    if head is None:
-        widths = {
-            w
-            for s in d.caches[cache].streams
-            for layer in s.layers
-            if (w := getattr(layer, f"n_embd_{kind}")) is not None
-        }
-        if all(w % 64 for w in widths):
-            return 0  # no head size that divides these rows is a multiple of 64: never rotated
+    group = d._live().rule_group(cache, kind, ty)
+    if group is None:
         raise WriteError(
             f"cache_type_{kind}",
             f"llama.cpp stores a {ty} cache rotated when its head size is a multiple of 64, and "
@@ -75,7 +70,7 @@ def _target_group(d: State, cache: int, kind: str, ty: str, rotate: bool) -> int
             "command line), or pass rotate=False (--no-rotate) for a llama.cpp run with "
             "LLAMA_ATTN_ROT_DISABLE=1",
         )
-    return int(_kvfast.rotation_group(kind, ty, head) or 0)
+    return int(group)
 
 
 def _retype(
@@ -121,22 +116,57 @@ def _as_rows(arr: Any) -> npt.NDArray[np.float32]:
     return np.asarray(arr, dtype=np.float32)
 
 
+def _refuse(field: str) -> select.Refuse:
+    """How select's checks refuse an argument of write: a WriteError naming it."""
+    return lambda message: WriteError(field, message)
+
+
+def _seq_arg(seq_id: Any) -> int | list[int] | None:
+    """``seq_id=`` checked: one sequence id, a list of them (one per source), or None."""
+    if seq_id is None:
+        return None
+    if isinstance(seq_id, Sequence) or (isinstance(seq_id, np.ndarray) and seq_id.ndim == 1):
+        return [select.seq_id("each sequence id", q, _refuse("seq_id")) for q in seq_id]
+    return select.seq_id("a sequence id", seq_id, _refuse("seq_id"))
+
+
+def _seq_map_arg(seq_map: Any) -> dict[int, int] | None:
+    """``seq_map=`` checked: sequence ids to sequence ids."""
+    if seq_map is None:
+        return None
+    if not isinstance(seq_map, Mapping):
+        raise WriteError("seq_map", f"a mapping of sequence ids to sequence ids, not {seq_map!r}")
+    refuse = _refuse("seq_id")  # the ids' rule is seq_id's
+    return {
+        select.seq_id("a sequence id", a, refuse): select.seq_id("a sequence id", b, refuse)
+        for a, b in seq_map.items()
+    }
+
+
 def _values(
     d: State, values: Mapping[tuple[Any, ...], npt.ArrayLike], final: list[list[int]]
 ) -> list[tuple[int, int, int, str, bytes, int]]:
     out = []
+    refuse = _refuse("values")
     for key, arr in values.items():
-        if len(key) == 2:
-            cache, stream, (layer, kind) = 0, None, key
-        elif len(key) == 3:
-            (cache, layer, kind), stream = key, None
-        elif len(key) == 4:
-            cache, stream, layer, kind = key
-        else:
+        if not isinstance(key, tuple) or len(key) not in (2, 3, 4):
             raise WriteError(
                 "values",
                 f"keys (layer, kind), (cache, layer, kind) or (cache, stream, layer, kind), not {key!r}",
             )
+        if len(key) == 2:
+            cache, stream, (layer, kind) = 0, None, key
+        elif len(key) == 3:
+            (cache, layer, kind), stream = key, None
+        else:
+            cache, stream, layer, kind = key
+        cache, layer = (
+            select.integer(f"key {key!r}: {n}", v, error=refuse)
+            for n, v in (("cache", cache), ("layer", layer))
+        )
+        if stream is not None:
+            stream = select.integer(f"key {key!r}: stream", stream, error=refuse)
+        kind = select.kind(kind, refuse)
         if kind not in ("k", "v") or not 0 <= cache < len(d.caches):
             raise WriteError("values", f"{key!r}: K or V of an attention cache (0 to {len(d.caches) - 1})")
         streams = d.caches[cache].streams
@@ -151,6 +181,25 @@ def _values(
             raise WriteError("values", f"{key!r}: an array of shape ({st.cell_count}, {n}), not {a.shape}")
         out.append((cache, stream, layer, kind, a.astype("<f4").tobytes(), final[cache][kind == "v"]))
     return out
+
+
+def _warn_numbering(sources: Sequence[State], held: list[int]) -> None:
+    """Warn when sequence states become a whole state whose sequences are not 0, 1, ...: llama.cpp
+    loads a whole state only into a context of more sequences than its largest id."""
+    ids = sorted(set(held))
+    if all(d.container in ("ggsn", "state") for d in sources) or ids == list(range(len(ids))):
+        return
+    if len(sources) == 1:
+        how = "seq_id=0 (--seq 0 on the command line) renumbers it"
+    elif all(d.container in SEQUENCE for d in sources):
+        how = f"seq_id={list(range(len(sources)))} renumbers them"
+    else:
+        how = "seq_map= renumbers them"
+    warn(
+        f"the whole state holds sequences {ids}: llama.cpp loads it only into a context of at least"
+        f" {ids[-1] + 1} sequences (n_seq_max) and refuses it otherwise ('invalid seq_id'); {how}",
+        WriteWarning,
+    )
 
 
 def write(
@@ -171,6 +220,7 @@ def write(
     tokens: Sequence[int] | None = None,
     arch: str | None = None,
     share: bool = False,
+    replace: bool = False,
 ) -> int:
     """Write ``source`` (an opened state, or several to join) to ``path``, edited; returns the bytes
     written. With no edit the bytes are the source's, byte for byte.
@@ -183,8 +233,10 @@ def write(
     - ``keep``: which cells stay, a boolean per row of :func:`kvfast.writing.cells.cells` (every cell
       of every attention cache) or a Polars expression over its columns (pos, seq_ids, token,
       k_l2, ...). ``sync`` (default): a token dropped from one attention cache is dropped from every
-      cache holding it (both caches of an iSWA pair). The token list of a sequence state loses
-      the tokens whose cells all went (llama-server's packed blob stays packed).
+      cache holding it (both caches of an iSWA pair), and no other cell of its position. The token
+      list stays indexed by position, as llama.cpp's callers read it (token i at position i: a
+      dropped position inside it keeps its token, those dropped at its end are cut off, so that it
+      ends with the sequence's last cell); llama-server's packed blob stays packed.
     - ``cache_type_k`` / ``cache_type_v``: requantize every attention cache with ggml's reference
       quantizers, values read in the model's basis and stored rotated as llama.cpp stores that type
       (``rotate=False``: never rotated, as with LLAMA_ATTN_ROT_DISABLE=1).
@@ -198,26 +250,37 @@ def write(
       name of a sequence state's sequence (a list: one per joined source). ``seq_map``: renames.
     - ``tokens``: the token list of a GGSQ / GGSN target.
 
-    Several sources are joined into one state (their cells one after the other, per cache and
-    stream); their sequences must differ (rename them with ``seq_id=[...]``). ``share=True``: a cell
+    Several sources are joined into one whole state (their cells one after the other, per cache
+    and stream); their sequences must differ (rename them with ``seq_id=[...]``; the cells of a
+    sequence state that list none, its recurrent part's or a 2025 build's, are its sequence's).
+    A sequence container holds one sequence: llama.cpp loads every cell of it into the sequence it
+    is loaded as, so states of several sequences are refused there. A whole state made of sequence
+    states whose ids are not 0, 1, ... loads only into a context of more sequences than its
+    largest id: :class:`~kvfast.WriteWarning` says so unless ``seq_id`` or ``seq_map`` was given. ``share=True``: a cell
     of a later source alike in position, extension and every row to one already written (a prompt
     prefix decoded once and copied, as llama.cpp's ``seq_cp`` shares it) becomes that cell, listing
     both sequences.
+
+    ``path`` is written whole or not at all (a temporary file beside it, renamed into place; see
+    :mod:`kvfast.writing.output`): a new file, or a regular file replaced, never a folder, a device
+    or a FIFO (:class:`kvfast.OutputError`). A source's own file is replaced only with
+    ``replace=True``; a state a probe manifest beside it describes, never. The rows are read from
+    the sources as they are written: memory for the cells and a few rows, not the state (an
+    allocation that fails is a ``MemoryError``).
     """
     sources = [source] if not isinstance(source, Sequence) else list(source)
     if not sources:
         raise WriteError("source", "at least one opened state")
+    inputs = [remote.local_path(d.path) for d in sources if not remote.is_url(d.path)]
+    output.target(path, inputs=inputs, replace=replace)  # the path first: nothing is planned for a bad one
     if container is None and len(sources) > 1:
         container = "state"
     if container is None and version is not None:
         container = sources[0].container  # type: ignore[assignment]
     target = container or sources[0].container
-    if seq_id is not None and not isinstance(seq_id, int) and len(seq_id) != len(sources):
+    seq_id, seq_map = _seq_arg(seq_id), _seq_map_arg(seq_map)
+    if isinstance(seq_id, list) and len(seq_id) != len(sources):
         raise WriteError("seq_id", f"one sequence per source ({len(sources)}), not {len(seq_id)}")
-    ids = [] if seq_id is None else [seq_id] if isinstance(seq_id, int) else list(seq_id)
-    for new_id in [*ids, *(seq_map or {}).values()]:
-        if not isinstance(new_id, (int, np.integer)):
-            raise WriteError("seq_id", f"sequence ids are integers, not {new_id!r}")
     edited = (
         keep,
         cache_type_k,
@@ -251,6 +314,7 @@ def write(
     token_words: list[int] | None = None
     joined: list[int] = []
     extracted_many = False
+    held: list[int] = []  # the sequences written, as the sources name them
     for i, d in enumerate(sources):
         d._live()
         q = seq_id if isinstance(seq_id, int) or seq_id is None else seq_id[i]
@@ -270,6 +334,7 @@ def write(
             own = _own_seq(d)
             if own is None or own != q:
                 renames[own if own is not None else 0] = q
+        held += seqs if whole else [_own_seq(d) or 0]
         if mask is not None and (not whole or len(seqs) == 1):
             _, dropped = kept_positions(d, mask)
             token_words = wt.pruned(d, dropped)
@@ -285,6 +350,9 @@ def write(
             }
         )
     first = sources[0]
+    for name, ty in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v)):
+        if ty is not None:
+            select.cache_type(name, ty, _refuse(name))
     if tokens is not None:
         token_words = wt.given(first, tokens)
     elif len(sources) > 1:
@@ -295,20 +363,24 @@ def write(
     if target not in SEQUENCE:
         whole_arch = arch or first.arch or (first.model.arch if first.model is not None else None)
     ext_tokens = first.tokens.tolist() if first.tokens is not None and len(sources) == 1 else None
-    return int(
-        _kvfast.write_state(
-            [d._reading() for d in sources],
-            edits,
-            os.fspath(path),
-            {
-                "container": container,
-                "version": version if container is not None else None,
-                # the io header's sequence (else the sequence's own: renamed, taken alone, or the cells')
-                "seq_id": seq_id if isinstance(seq_id, int) and target == "seq" else None,
-                "arch": whole_arch,
-                "token_words": token_words,
-                "ext_tokens": ext_tokens,
-                "share": share,
-            },
+    with output.replacing(path, inputs=inputs, replace=replace) as tmp:
+        n = int(
+            _kvfast.write_state(
+                [d._reading() for d in sources],
+                edits,
+                os.fspath(tmp),
+                {
+                    "container": container,
+                    "version": version if container is not None else None,
+                    # the io header's sequence (else the sequence's own: renamed, taken alone, or the cells')
+                    "seq_id": seq_id if isinstance(seq_id, int) and target == "seq" else None,
+                    "arch": whole_arch,
+                    "token_words": token_words,
+                    "ext_tokens": ext_tokens,
+                    "share": share,
+                },
+            )
         )
-    )
+    if target not in SEQUENCE and seq_id is None and not seq_map:
+        _warn_numbering(sources, held)
+    return n

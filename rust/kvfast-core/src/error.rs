@@ -70,8 +70,26 @@ pub enum Error {
          writes only the headers and cells"
     )]
     NoRows { field: String, offset: u64 },
+    /// An allocation that failed: the memory `what` needs (`bytes`) could not be had (a process
+    /// under a memory limit). Made by the fallible allocations of large buffers ([`try_buffer`]),
+    /// never an abort.
+    #[error("out of memory: {what} needs {bytes} bytes")]
+    NoMemory { what: String, bytes: u64 },
     #[error(transparent)]
     Io(#[from] std::io::Error),
+}
+
+/// A buffer of `len` zero bytes, or [`Error::NoMemory`] naming `what` when the allocation fails.
+pub fn try_buffer<T: Clone + Default>(len: usize, what: impl FnOnce() -> String) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    if v.try_reserve_exact(len).is_err() {
+        return Err(Error::NoMemory {
+            what: what(),
+            bytes: (len as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+        });
+    }
+    v.resize(len, T::default());
+    Ok(v)
 }
 
 impl Error {
@@ -98,9 +116,11 @@ impl Error {
             | Error::Ambiguous { offset, .. }
             | Error::NotFetched { offset, .. }
             | Error::NoRows { offset, .. } => Some(*offset),
-            Error::Io(_) | Error::File { .. } | Error::NotAFile { .. } | Error::Changed { .. } => {
-                None
-            }
+            Error::Io(_)
+            | Error::File { .. }
+            | Error::NotAFile { .. }
+            | Error::Changed { .. }
+            | Error::NoMemory { .. } => None,
         }
     }
 
@@ -113,6 +133,7 @@ impl Error {
             | Error::NotFetched { field, .. }
             | Error::NoRows { field, .. } => Some(field),
             Error::UnsupportedVersion { .. } => Some("version"),
+            Error::NoMemory { what, .. } => Some(what),
             Error::Io(_) | Error::File { .. } | Error::NotAFile { .. } | Error::Changed { .. } => {
                 None
             }
@@ -131,6 +152,7 @@ impl Error {
             Error::Changed { .. } => "changed",
             Error::NotFetched { .. } => "not_fetched",
             Error::NoRows { .. } => "no_rows",
+            Error::NoMemory { .. } => "memory",
         }
     }
 

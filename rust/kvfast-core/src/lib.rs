@@ -3,11 +3,13 @@
 //! [`State::open`] maps a state and walks its layout (metadata only, no row read);
 //! [`values::decode`] turns rows of any cache type into f32.
 
+pub mod attention;
 pub mod compare;
 pub mod error;
 pub mod format;
 pub mod model;
 pub mod open;
+pub mod parallel;
 pub mod plan;
 pub mod source;
 pub mod stats;

@@ -7,11 +7,13 @@
 //! [`Selection`] from [`Opened::selection`] instead of assembling one.
 
 use crate::format::layout::{Kind, Layout};
+use crate::format::types::GgmlType;
 use crate::model::geometry::{Geometry, ModelError};
 use crate::model::layer_map::{fit as fit_layers, LayerMap, MapError, Partial};
 use crate::plan::select::Selection;
 use crate::source::state::State;
 use crate::values::rope::{Rope, RopeSpec};
+use crate::values::rotation::rule_group;
 use crate::values::rotation_decide::{
     decide, sample_ranges, warning, BuildHint, Decision, Mode, RotationError,
 };
@@ -180,6 +182,18 @@ impl Opened {
     /// Per cache, the [K, V] groups the rotation is undone in (0: as stored).
     pub fn rotation_groups(&self) -> &[[usize; 2]] {
         &self.groups
+    }
+
+    /// The group llama.cpp stores `kind` rows of type `ty` of cache `cache` in (0: as computed),
+    /// by its rule in this state's head sizes (None: that depends on a head size not known).
+    pub fn rule_group(&self, cache: usize, kind: Kind, ty: GgmlType) -> Option<usize> {
+        rule_group(
+            &self.state.layout,
+            cache,
+            kind,
+            ty,
+            self.head_dims[kind.index()],
+        )
     }
 
     /// The selection of a pass over these caches, layers, kinds and heads (None: all), in the

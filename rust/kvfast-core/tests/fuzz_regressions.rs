@@ -33,9 +33,12 @@ fn run(target: &str, check: fn(&[u8])) -> usize {
     all.len()
 }
 
+/// lfm2tiny-q8_0-fa-seq-0.bin: the target's own seed (tests/data/lfm2tiny-q8_0-fa/seq-0.bin), a
+/// hybrid state whose recurrent S records hold no values (LFM2 keeps none), failed a check that
+/// every record has values.
 #[test]
 fn open() {
-    run("open", checks::open);
+    assert!(run("open", checks::open) >= 1);
 }
 
 /// f16-row-wider-than-source: issue 11's hole, an f16 row of 32 values decoded into 4096 (the

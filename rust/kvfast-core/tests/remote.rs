@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use kvfast_core::plan::select::{jobs, Selection};
 use kvfast_core::source::sparse::PAGE;
-use kvfast_core::source::state::Policy;
+use kvfast_core::source::state::{Policy, METADATA_LIMIT};
 use kvfast_core::{walk, Error, Kind, State, WalkOptions};
 
 fn states(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -53,6 +53,7 @@ const TIGHT: Policy = Policy {
     head: PAGE,
     ahead: 0,
     piece: PAGE,
+    metadata: METADATA_LIMIT,
 };
 
 fn same_walk(b: &[u8], what: &str, policy: Policy) {
@@ -233,4 +234,54 @@ fn a_state_with_a_fetch_fetches_what_a_pass_reads() {
     );
     assert_eq!(sf.sparse().unwrap().filled_bytes(), fetched_before + got);
     assert!(before < b.len() as u64);
+}
+
+#[test]
+fn a_header_claiming_more_cells_than_the_metadata_limit_is_refused_before_they_are_fetched() {
+    // 10^8 cells claimed at byte 12 of a 1 GiB object of zeros after the header: the cells'
+    // metadata (800 MB or more) would fit the object, so the walk alone would fetch it all
+    let size = 1u64 << 30;
+    let mut head = Vec::new();
+    for w in [0xAF14_3CD8u32, 0, 1, 100_000_000] {
+        head.extend(w.to_le_bytes());
+    }
+    let fetched = Cell::new(0u64);
+    let r = State::remote(size, WalkOptions::default(), Policy::default(), |ranges| {
+        Ok(ranges
+            .iter()
+            .map(|&(o, n)| {
+                fetched.set(fetched.get() + n);
+                let mut v = vec![0u8; n as usize];
+                for (i, b) in v.iter_mut().enumerate() {
+                    *b = head.get(o as usize + i).copied().unwrap_or(0);
+                }
+                v
+            })
+            .collect())
+    });
+    let e = r.err().expect("refused");
+    let text = e.to_string();
+    assert!(matches!(e, Error::Format { .. }), "{text}");
+    assert!(
+        text.contains("cache 0 stream 0 cell_count at byte 12 claims 100000000 cells"),
+        "{text}"
+    );
+    assert!(text.contains(&METADATA_LIMIT.to_string()), "{text}");
+    // the head only
+    assert_eq!(fetched.get(), Policy::default().head);
+    // a real state whose cells take more than a (small) limit: refused; with the default, read
+    let small = seq_bytes(2000, 1, 8);
+    let tight = Policy {
+        metadata: 16 << 10,
+        ..Policy::default()
+    };
+    let (r, got) = remote(&small, WalkOptions::default(), tight);
+    assert!(got <= 16 << 10, "{got}");
+    let text = r.err().expect("refused").to_string();
+    assert!(text.contains("claims 2000 cells"), "{text}");
+    let (r, _) = remote(&small, WalkOptions::default(), Policy::default());
+    assert_eq!(
+        r.unwrap().layout,
+        walk(&small, WalkOptions::default()).unwrap()
+    );
 }

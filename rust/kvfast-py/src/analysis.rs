@@ -82,9 +82,10 @@ fn parse_type(name: &str) -> Result<GgmlType> {
     GgmlType::from_name(name).ok_or_else(|| Error::UnknownType(name.to_string()))
 }
 
-/// What quantizing each row with `type_name` (ggml's reference quantizer) would lose, per head.
-/// `rotate` = (K group, V group): where nonzero, the pipeline is llama.cpp's for a rotated cache:
-/// rotate, quantize, dequantize, rotate back (the Hadamard matrix is its own inverse).
+/// What quantizing each row with `type_name` (ggml's reference quantizer) would lose: per head and
+/// per layer. `rotate` = (K group, V group): where nonzero, the pipeline is llama.cpp's for a
+/// rotated cache: rotate, quantize, dequantize, rotate back (the Hadamard matrix is its own
+/// inverse).
 #[pyfunction]
 pub fn quant_error(
     py: Python<'_>,
@@ -93,7 +94,7 @@ pub fn quant_error(
     sel: SelectArg,
     skip_first: i32,
     rotate: (usize, usize),
-) -> Result<ArrowStream> {
+) -> Result<(ArrowStream, ArrowStream)> {
     let sf = state.get()?;
     let sel = sel.selection(&sf)?;
     state.ready(py, &sf, &sel)?; // a remote state fetches the selected rows first
@@ -105,7 +106,8 @@ pub fn quant_error(
             sel: &sel,
             map,
         };
-        Ok(finish(loss_table(&p, ty, skip_first, rotate)?))
+        let [head, layer] = loss_table(&p, ty, skip_first, rotate)?;
+        Ok((finish(head), finish(layer)))
     })
 }
 
@@ -128,20 +130,26 @@ pub fn quantize<'py>(
     Ok(PyBytes::new(py, &out))
 }
 
-/// Errors of `b` against `a`, cells matched by (sequence, position) (kvfast-core's `matching`).
+/// Errors of `b` against `a`, cells matched by (sequence, position) (kvfast-core's `matching`):
+/// per (cell, head) and per layer.
 #[pyfunction]
-pub fn compare(py: Python<'_>, a: &PyState, b: &PyState, sel: SelectArg) -> Result<ArrowStream> {
+pub fn compare(
+    py: Python<'_>,
+    a: &PyState,
+    b: &PyState,
+    sel: SelectArg,
+) -> Result<(ArrowStream, ArrowStream)> {
     compare_matched(py, a, b, sel, Match::Sequence)
 }
 
-/// Errors of `b` against `a`, cells paired as `how` says: the columns of `compare`.
+/// Errors of `b` against `a`, cells paired as `how` says: the tables of `compare`.
 pub(crate) fn compare_matched(
     py: Python<'_>,
     a: &PyState,
     b: &PyState,
     sel: SelectArg,
     how: Match,
-) -> Result<ArrowStream> {
+) -> Result<(ArrowStream, ArrowStream)> {
     let (sa, sb) = (a.get()?, b.get()?);
     let sel = sel.selection(&sa)?;
     a.ready(py, &sa, &sel)?;
@@ -159,7 +167,8 @@ pub(crate) fn compare_matched(
             rotation: rot_b,
             rope: rope_b,
         };
-        Ok(finish(compare_table(&pa, &ob, how)?))
+        let [cells, layer] = compare_table(&pa, &ob, how)?;
+        Ok((finish(cells), finish(layer)))
     })
 }
 

@@ -11,7 +11,7 @@ use crate::state::PyState;
 use crate::stream::ArrowStream;
 
 /// Errors of `b` against `a`, cells matched by position alone; only A's cells below `below` when
-/// given. The columns of `compare`.
+/// given. The tables of `compare`.
 #[pyfunction]
 #[pyo3(signature = (a, b, sel, below=None))]
 pub fn compare_positions(
@@ -20,6 +20,6 @@ pub fn compare_positions(
     b: &PyState,
     sel: SelectArg,
     below: Option<i32>,
-) -> Result<ArrowStream> {
+) -> Result<(ArrowStream, ArrowStream)> {
     compare_matched(py, a, b, sel, Match::Position(below))
 }

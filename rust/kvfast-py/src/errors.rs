@@ -43,6 +43,9 @@ pub enum Error {
     /// A state that cannot be opened as asked (its model, head size, rotation or RoPE).
     #[error(transparent)]
     Open(#[from] OpenError),
+    /// Attention that cannot be computed as asked (kvfast.attention).
+    #[error(transparent)]
+    Attention(#[from] kvfast_core::attention::AttnError),
     #[error("the state is closed")]
     Closed,
     #[error("the state holds no cells")]
@@ -139,6 +142,7 @@ impl From<Error> for PyErr {
             Error::Map(e) => kvfast_error("ModelMismatchError", e.to_string(), None),
             Error::Model(e) => model_to_py(e),
             Error::Write(e) => write_to_py(e),
+            Error::Attention(e) => attention_to_py(e),
             Error::Python(e) => e,
             other => PyValueError::new_err(other.to_string()),
         }
@@ -257,6 +261,8 @@ fn core_to_py(e: kvfast_core::Error) -> PyErr {
                 format!("{what}, not a regular file (kvfast reads state and model files)"),
             )
         }
+        // an allocation that failed (a memory limit): Python's own MemoryError, never an abort
+        Error::NoMemory { .. } => return pyo3::exceptions::PyMemoryError::new_err(msg),
         Error::Changed { .. } => FileChangedError::new_err(msg),
         Error::Truncated { .. } => TruncatedError::new_err(msg),
         Error::Format { .. } => FormatError::new_err(msg),
@@ -294,6 +300,21 @@ fn kvfast_error(name: &str, message: String, field: Option<String>) -> PyErr {
                 }
                 PyErr::from_value(v)
             }
+            Err(e) => e,
+        }
+    })
+}
+
+/// `kvfast.errors.RemoteError(errno, message, url)`: object storage could not give a state's
+/// bytes as asked (an object too large to map, more metadata than an open fetches).
+pub fn remote_error(errno: i32, message: String, url: &Path) -> PyErr {
+    Python::attach(|py| {
+        let made = py
+            .import("kvfast.errors")
+            .and_then(|m| m.getattr("RemoteError"))
+            .and_then(|cls| cls.call1((errno, message.clone(), url.as_os_str())));
+        match made {
+            Ok(v) => PyErr::from_value(v),
             Err(e) => e,
         }
     })
@@ -355,6 +376,24 @@ fn write_to_py(e: kvfast_core::write::WriteError) -> PyErr {
                 Err(e) => e,
             }
         }),
+    }
+}
+
+/// An attention error: the bytes' as [`core_to_py`] makes them, the model's as [`model_to_py`],
+/// queries that do not fit the model a ModelMismatchError, the others a SelectionError, `field`
+/// naming the argument.
+fn attention_to_py(e: kvfast_core::attention::AttnError) -> PyErr {
+    use kvfast_core::attention::AttnError as E;
+    let msg = e.to_string();
+    match e {
+        E::Read(e) => core_to_py(e),
+        E::Plan(_) => kvfast_error("SelectionError", msg, None),
+        E::Model(e) => model_to_py(e),
+        E::Queries { field: "model", .. } => {
+            kvfast_error("ModelMismatchError", msg, Some("model".into()))
+        }
+        E::Queries { field, .. } => kvfast_error("SelectionError", msg, Some(field.into())),
+        E::Incomplete(_) => kvfast_error("SelectionError", msg, Some("incomplete".into())),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `kvfast._kvfast`: the thin PyO3 layer over kvfast-core.
 
 mod analysis;
+mod attention;
 mod byte_view;
 mod columns;
 mod compare_modes;
@@ -35,6 +36,8 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(analysis::quant_error, m)?)?;
     m.add_function(wrap_pyfunction!(analysis::quantize, m)?)?;
     m.add_function(wrap_pyfunction!(analysis::compare, m)?)?;
+    m.add_function(wrap_pyfunction!(attention::attention, m)?)?;
+    m.add_function(wrap_pyfunction!(attention::attention_layers, m)?)?;
     m.add_function(wrap_pyfunction!(compare_modes::compare_positions, m)?)?;
     m.add_function(wrap_pyfunction!(rotation::rotation_group, m)?)?;
     m.add_function(wrap_pyfunction!(types::ggml_types, m)?)?;

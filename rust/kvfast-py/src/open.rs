@@ -84,7 +84,8 @@ fn parse_mode(mode: &str) -> Result<Mode> {
 }
 
 /// Open a state: `path` mapped (`mmap=False`: read into memory), or a remote object of `size`
-/// bytes fetched by `fetch(ranges) -> list of bytes`; `model` a `ModelGeometry` (or None);
+/// bytes fetched by `fetch(ranges) -> list of bytes` (its walk fetching `metadata_limit` bytes
+/// at most); `model` a `ModelGeometry` (or None);
 /// `model` a `ModelGeometry` or a GGUF's path (read here, once); `hint` (rotates, evidence) from a
 /// probe manifest; `pre_rope` asks for keys before RoPE, whose parameters are the GGUF's, or
 /// `rope(head_dim_k)`'s where given. Returns the state and a dict of what Python shows of it: the
@@ -94,7 +95,7 @@ fn parse_mode(mode: &str) -> Result<Mode> {
 #[pyfunction]
 #[pyo3(signature = (
     path, *, size=None, fetch=None, cell_ext=None, mmap=true, head_dim=None, model=None,
-    rotation="auto", hint=None, pre_rope=false, rope=None
+    rotation="auto", hint=None, pre_rope=false, rope=None, metadata_limit=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn open<'py>(
@@ -110,6 +111,7 @@ pub fn open<'py>(
     hint: Option<(bool, String)>,
     pre_rope: bool,
     rope: Option<Py<PyAny>>,
+    metadata_limit: Option<u64>,
 ) -> Result<(PyState, Bound<'py, PyDict>)> {
     let mode = parse_mode(rotation)?;
     let (read, given): (Option<Model>, Option<Geometry>) = match model {
@@ -125,7 +127,7 @@ pub fn open<'py>(
         recurrent,
     };
     let sf = match (&fetch, size) {
-        (Some(f), Some(size)) => crate::remote::open(py, size, f, walk)?,
+        (Some(f), Some(size)) => crate::remote::open(py, &path, size, f, walk, metadata_limit)?,
         _ => walk_file(py, &path, mmap, walk)?,
     };
     let hint = hint.map(|(rotates, evidence)| BuildHint { rotates, evidence });

@@ -117,8 +117,10 @@ pub fn write_parquet(
         Ok(())
     };
     py.detach(|| {
-        todo.par_iter()
-            .map(|p| write_part(&shared, p, advance))
-            .collect::<Result<Vec<_>>>()
+        kvfast_core::parallel::install(|| {
+            todo.par_iter()
+                .map(|p| write_part(&shared, p, advance))
+                .collect::<Result<Vec<_>>>()
+        })
     })
 }

@@ -5,7 +5,9 @@
 
 use kvfast_core::plan::select::{jobs, Selection};
 use kvfast_core::source::sparse::Sparse;
-use kvfast_core::source::state::{fill_fetched, walk_step, Policy, Step};
+use std::path::Path;
+
+use kvfast_core::source::state::{fill_fetched, walk_step, Policy, Step, METADATA_LIMIT};
 use kvfast_core::{State, WalkOptions};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -25,14 +27,50 @@ fn fetch_into(
     Ok(fill_fetched(sparse, ranges, &slices)?)
 }
 
-/// Walk an object of `size` bytes, fetching with `fetch` what the walk reads (a few rounds);
-/// the state fetches with it what later passes read (`State::require`).
-pub fn open(py: Python<'_>, size: u64, fetch: &Py<PyAny>, opts: WalkOptions) -> Result<State> {
-    let sparse = Sparse::new(size)?;
+/// Walk an object of `size` bytes at `url`, fetching with `fetch` what the walk reads (a few
+/// rounds, `metadata` bytes at most: else a `RemoteError`); the state fetches with it what later
+/// passes read (`State::require`). An object too large to map is a `RemoteError` naming its size.
+pub fn open(
+    py: Python<'_>,
+    url: &Path,
+    size: u64,
+    fetch: &Py<PyAny>,
+    opts: WalkOptions,
+    metadata: Option<u64>,
+) -> Result<State> {
+    let sparse = Sparse::new(size).map_err(|e| {
+        crate::errors::remote_error(
+            ENOMEM,
+            format!(
+                "{}: the object is {size} bytes ({}), more than this machine can map as the \
+                 sparse copy kvfast reads a remote state into ({e}); read it from a local copy, \
+                 or where a map of that size fits",
+                url.display(),
+                human(size)
+            ),
+            url,
+        )
+    })?;
+    let policy = Policy {
+        metadata: metadata.unwrap_or(METADATA_LIMIT),
+        ..Policy::default()
+    };
     let layout = loop {
-        match walk_step(&sparse, opts, Policy::default()) {
+        match walk_step(&sparse, opts, policy) {
             Step::Done(layout) => break (*layout)?,
             Step::Fetch(ranges) => fetch_into(py, fetch, &sparse, &ranges)?,
+            Step::Refused(r) => {
+                return Err(crate::errors::remote_error(
+                    EFBIG,
+                    format!(
+                        "{}: {r}; storage_options={{'kvfast': {{'metadata_limit': N}}}} lets an \
+                         open fetch N bytes",
+                        url.display()
+                    ),
+                    url,
+                )
+                .into())
+            }
         }
     };
     let mut sf = State::from_sparse(sparse, layout);
@@ -48,6 +86,25 @@ pub fn open(py: Python<'_>, size: u64, fetch: &Py<PyAny>, opts: WalkOptions) -> 
         .map_err(|e| kvfast_core::Error::Io(std::io::Error::other(e)))
     }));
     Ok(sf)
+}
+
+const ENOMEM: i32 = 12;
+const EFBIG: i32 = 27;
+
+/// A size in bytes as people say it (1.0 TB, 8.6 GB).
+fn human(n: u64) -> String {
+    let units = ["bytes", "kB", "MB", "GB", "TB", "PB", "EB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1000.0 && u + 1 < units.len() {
+        v /= 1000.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} bytes")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
 }
 
 /// Fetch what is not fetched yet of `wanted` (offset, length) ranges; nothing for a local state.

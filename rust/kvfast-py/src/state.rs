@@ -260,6 +260,14 @@ impl PyState {
         Ok(self.get()?.rotation_groups().to_vec())
     }
 
+    /// The group llama.cpp stores `kind` rows of type `type_name` of cache `cache` in (0: as
+    /// computed), by its rule in this state's head sizes (None: a head size not known decides).
+    fn rule_group(&self, cache: usize, kind: &str, type_name: &str) -> Result<Option<usize>> {
+        let ty = GgmlType::from_name(type_name)
+            .ok_or_else(|| Error::UnknownType(type_name.to_string()))?;
+        Ok(self.get()?.rule_group(cache, parse_kind(kind)?, ty))
+    }
+
     fn close(&self) {
         *self.inner.write().expect("lock") = None;
     }

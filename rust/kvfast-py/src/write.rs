@@ -1,11 +1,14 @@
 //! `write_state`: kvfast-core's writer (`write`, `write_edit`) as Python calls it. Python plans
-//! the edits (kvfast.write); this converts them and runs them with the GIL released.
+//! the edits (kvfast.write); this converts them and runs them with the GIL released, writing to
+//! the file Python gives (the temporary file of `kvfast.writing.output`, which checks the path
+//! and renames the file into place). The rows are read from the sources' bytes as they are
+//! written (kvfast-core's `write::rows`): memory for the cells and a few rows, not the state.
 
 use std::path::PathBuf;
 
 use kvfast_core::format::cells::MAX_SEQ;
 use kvfast_core::write::edit::{concat, Replace, Retype};
-use kvfast_core::write::parts::{Format, StateParts, WRITE_VERSIONS};
+use kvfast_core::write::parts::{Format, SourceBytes, StateParts, WRITE_VERSIONS};
 use kvfast_core::write::seq_id;
 use kvfast_core::GgmlType;
 use pyo3::prelude::*;
@@ -58,7 +61,11 @@ fn ty(name: &str) -> Result<GgmlType> {
 
 fn edit(sf: &kvfast_core::State, e: SourceEdits) -> Result<StateParts> {
     sf.require(0, sf.layout.size, || "the state written".into())?;
-    let mut p = StateParts::from_layout(sf.bytes(), &sf.layout)?;
+    let src: SourceBytes = sf.data.clone();
+    let mut p = StateParts::from_source(src, &sf.layout)?;
+    // the cells of a sequence state that list no sequence (its recurrent part's, a 2025 build's)
+    // are its sequence's: renamed and joined with it
+    p.own_sequence();
     // V untransposed before it is requantized (a quantized V is never transposed), transposed after
     if e.v_trans == Some(false) {
         p.set_v_trans(false)?;
@@ -106,7 +113,8 @@ fn edit(sf: &kvfast_core::State, e: SourceEdits) -> Result<StateParts> {
     Ok(p)
 }
 
-/// Write the edited sources (joined, when more than one) to `path`; returns the bytes written.
+/// Write the edited sources (joined, when more than one) to `path` (made or truncated, as it is:
+/// kvfast.write gives a temporary file it renames into place); returns the bytes written.
 #[pyfunction]
 pub fn write_state(
     py: Python<'_>,
@@ -158,38 +166,24 @@ pub fn write_state(
         if let Some(words) = target.token_words {
             p.token_words = Some(words);
         }
-        // a name of its own beside the target (same file system, so the rename is atomic): two
-        // writes at once, to one path or to paths that differ only in extension, never share it
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let tmp = path.with_file_name(format!(
-            ".{name}.{}-{}.kvfast-tmp",
-            std::process::id(),
-            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
         let io = |source| kvfast_core::Error::File {
             path: path.clone(),
             source,
         };
-        let file = std::fs::File::create(&tmp).map_err(io)?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(io)?;
         let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
-        let written = p.write_to(&mut w).and_then(|()| {
-            let f = w.into_inner().map_err(|e| e.into_error())?;
-            f.sync_all()?;
-            Ok(f.metadata()?.len())
-        });
-        let n = match written {
-            Ok(n) => n,
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e.into());
-            }
-        };
-        std::fs::rename(&tmp, &path).map_err(io)?;
-        Ok(n)
+        p.write_to(&mut w)?;
+        let f = w.into_inner().map_err(|e| io(e.into_error()))?;
+        // the rows were read from the sources' maps while written: they must not have changed
+        for sf in &files {
+            sf.check_unchanged()?;
+        }
+        Ok(f.metadata().map_err(io)?.len())
     })
 }
 

@@ -5,13 +5,17 @@ use std::collections::HashMap;
 
 use crate::compare::by_position::{match_positions, PositionIndex};
 use crate::compare::matching::{check_geometry, match_cells, CellIndex, Matched, Mismatch};
-use crate::format::layout::{Cache, Layout, Stream};
+use crate::format::layout::{Cache, Kind, Layout, Stream};
 use crate::plan::columns::{self, Keys, Table, Values};
 use crate::plan::select::jobs;
 use crate::source::state::State;
+use crate::stats::loss::{LossColumns, LossSums};
 use crate::stats::passes::compare as compare_rows;
 use crate::stats::tables::{Pass, TableError};
 use crate::values::rope::{rope_of, CellRope, RopeSpec};
+
+/// (cache, layer, kind): a row of the per-layer table.
+type LayerKey = (u32, u32, Kind);
 
 /// How A's cells are paired with B's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,15 +60,20 @@ impl Index {
     }
 }
 
-/// One row per (cache, layer, kind, cell of A, head): mse, max_abs, cosine, rel of B's values
-/// against A's, cells paired as `how` says.
-pub fn compare(a: &Pass, b: &Other, how: Match) -> Result<Table, TableError> {
+/// Two tables of B's values against A's, cells paired as `how` says: one row per (cache, layer,
+/// kind, cell of A, sequence, head) with mse, max_abs, cosine, rel; and one per (cache, layer,
+/// kind) with `loss`'s error columns over those rows (pooled and per-row means, as
+/// `quant_error`'s).
+pub fn compare(a: &Pass, b: &Other, how: Match) -> Result<[Table; 2], TableError> {
     let b_layout: &Layout = &b.sf.layout;
     check_geometry(&a.sf.layout, b_layout)?;
     let mut keys = Keys::default();
     let (mut cell, mut pos, mut head, mut seqs) = (vec![], vec![], vec![], vec![]);
     let mut cols: [Vec<f64>; 4] = Default::default();
     let mut index_b: HashMap<u32, Index> = HashMap::new();
+    // the per-layer sums, in the order their records first come
+    let mut layer_at: HashMap<LayerKey, usize> = HashMap::new();
+    let mut layers: Vec<(LayerKey, Option<i32>, LossSums)> = vec![];
     for job in jobs(&a.sf.layout, a.sel)? {
         let cb = &b_layout.caches[job.cache as usize];
         let ib = index_b
@@ -96,6 +105,15 @@ pub fn compare(a: &Pass, b: &Other, how: Match) -> Result<Table, TableError> {
                     );
             let stats = compare_rows(&va, &vb, &part.cells, job.head_dim);
             keys.extend(job.cache, job.layer, ml, job.kind, stats.len());
+            let key = (job.cache, job.layer, job.kind);
+            let at = *layer_at.entry(key).or_insert_with(|| {
+                layers.push((key, ml, LossSums::default()));
+                layers.len() - 1
+            });
+            let sums = &mut layers[at].2;
+            for st in &stats {
+                sums.add_row(&st.loss);
+            }
             for (i, st) in stats.iter().enumerate() {
                 let (ca, _) = part.cells[i / nh];
                 cell.push(ca as u32);
@@ -117,5 +135,13 @@ pub fn compare(a: &Pass, b: &Other, how: Match) -> Result<Table, TableError> {
     for (name, col) in ["mse", "max_abs", "cosine", "rel"].into_iter().zip(cols) {
         out.push(name, Values::F64(col));
     }
-    Ok(out)
+    let (mut layer_keys, mut losses) = (Keys::default(), LossColumns::default());
+    for ((cache, layer, kind), ml, sums) in &layers {
+        layer_keys.extend(*cache, *layer, *ml, *kind, 1);
+        losses.push(sums);
+    }
+    let mut by_layer = Table::default();
+    layer_keys.write(&mut by_layer, None);
+    losses.write(&mut by_layer);
+    Ok([out, by_layer])
 }

@@ -40,9 +40,16 @@ pub fn read_cells(cur: &mut Cursor, at: &str, stream: &mut Stream) -> Result<()>
         });
     }
     // a remote state fetches the cells in one round (one sequence id each, as most cells have)
-    cur.hint(
+    let count_at = stream.offset;
+    cur.hint_claimed(
         cur.pos() as u64,
         needed.saturating_add(cell_count as u64 * 4),
+        || {
+            format!(
+                "{at} cell_count at byte {count_at} claims {cell_count} cells, \
+                 {needed} bytes of cell metadata or more"
+            )
+        },
     );
     parse_cells(cur, at, stream)?;
     stream.meta_len = cur.pos() as u64 - stream.meta_offset;

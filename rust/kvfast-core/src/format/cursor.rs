@@ -67,7 +67,15 @@ impl<'a> Cursor<'a> {
     /// in the round that fetches what was missed); nothing for bytes that are all there.
     pub fn hint(&self, offset: u64, len: u64) {
         if let Some(p) = self.probe {
-            p.hint(offset, len);
+            let _ = p.hint(offset, len);
+        }
+    }
+
+    /// [`Cursor::hint`] of bytes a header claims, `what` naming the field and the claim (said
+    /// when a remote walk would fetch more than it may).
+    pub fn hint_claimed(&self, offset: u64, len: u64, what: impl FnOnce() -> String) {
+        if let Some(p) = self.probe {
+            p.hint_claimed(offset, len, what);
         }
     }
 

@@ -323,6 +323,27 @@ mod tests {
     }
 
     #[test]
+    fn a_cache_of_no_cell_fits_the_models_layers() {
+        // no cell: no n_layer in the bytes (every attention cell dropped, a 0-cell state)
+        let empty = || vec![stream(0, &[], &[], &[])];
+        let plain = model(2, &[], None);
+        assert_eq!(
+            layer_map(&layout(vec![empty()]), Some(&plain)).unwrap(),
+            vec![Some(vec![0, 1])]
+        );
+        // an iSWA pair with its sliding-window cache emptied: the full cache's layers still fit
+        let iswa = model(6, &[0, 1, 3, 4], None);
+        let full = vec![stream(0, &[0], &[&[0]], &[(8, Some(8)); 2])];
+        assert_eq!(
+            layer_map(&layout(vec![full, empty()]), Some(&iswa)).unwrap(),
+            vec![Some(vec![2, 5]), Some(vec![0, 1, 3, 4])]
+        );
+        // a cache that holds cells and says 0 layers still has to fit
+        let zero = vec![stream(0, &[0], &[&[0]], &[])];
+        assert!(layer_map(&layout(vec![zero]), Some(&plain)).is_err());
+    }
+
+    #[test]
     fn hybrid_attention_layers_only() {
         let m = model(5, &[], Some(&[1, 4]));
         assert_eq!(m.attention_map(&[2]).unwrap(), vec![vec![1, 4]]);

@@ -38,20 +38,34 @@ pub struct Sparse {
 }
 
 impl Sparse {
-    /// An empty copy of an object of `len` bytes.
+    /// An empty copy of an object of `len` bytes; an error naming the size where this machine
+    /// cannot map that many (the map, or its page bits, cannot be had: never an abort).
     pub fn new(len: u64) -> Result<Self> {
+        let too_large = |why: String| {
+            Error::format(
+                "object size",
+                0,
+                "a size this machine can map",
+                format!("{len} bytes ({why})"),
+            )
+        };
         let map = if len == 0 {
             None
         } else {
             let n = usize::try_from(len)
-                .map_err(|_| Error::format("object size", 0, "a size this machine can map", len))?;
-            Some(MmapRaw::from(MmapMut::map_anon(n)?))
+                .map_err(|_| too_large("more than the address space".into()))?;
+            let map = MmapMut::map_anon(n).map_err(|e| too_large(format!("mmap: {e}")))?;
+            Some(MmapRaw::from(map))
         };
-        let pages = len.div_ceil(PAGE);
+        let words = len.div_ceil(PAGE).div_ceil(64) as usize;
+        let mut bits = Vec::new();
+        bits.try_reserve_exact(words)
+            .map_err(|_| too_large(format!("{words} words of page bits cannot be allocated")))?;
+        bits.extend((0..words).map(|_| AtomicU64::new(0)));
         Ok(Sparse {
             map,
             len,
-            bits: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            bits,
             fill: Mutex::new(()),
             filled: AtomicU64::new(0),
             rounds: AtomicU64::new(0),
@@ -197,6 +211,9 @@ pub struct Probe<'a> {
     pub sparse: &'a Sparse,
     misses: Mutex<Vec<(u64, u64)>>,
     hints: Mutex<Vec<(u64, u64)>>,
+    /// The largest hint that said what it is (its length and what the header claims), named in
+    /// the error of a walk that would fetch more metadata than it may.
+    claim: Mutex<Option<(u64, String)>>,
 }
 
 impl<'a> Probe<'a> {
@@ -205,6 +222,7 @@ impl<'a> Probe<'a> {
             sparse,
             misses: Mutex::new(Vec::new()),
             hints: Mutex::new(Vec::new()),
+            claim: Mutex::new(None),
         }
     }
 
@@ -216,22 +234,40 @@ impl<'a> Probe<'a> {
             .push((offset, len));
     }
 
-    /// Bytes likely read next: kept when not filled yet.
-    pub fn hint(&self, offset: u64, len: u64) {
+    /// Bytes likely read next: kept when not filled yet (whether they were).
+    pub fn hint(&self, offset: u64, len: u64) -> bool {
         let len = len.min(self.sparse.len.saturating_sub(offset));
-        if len > 0 && !self.sparse.is_filled(offset, len) {
+        let keep = len > 0 && !self.sparse.is_filled(offset, len);
+        if keep {
             self.hints
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push((offset, len));
         }
+        keep
     }
 
-    /// (misses, hints).
-    pub fn take(self) -> (Ranges, Ranges) {
+    /// [`Probe::hint`] of bytes a header claims (`what`: the field, its offset and what it
+    /// claims, formatted only when the hint is the largest yet).
+    pub fn hint_claimed(&self, offset: u64, len: u64, what: impl FnOnce() -> String) {
+        if !self.hint(offset, len) {
+            return;
+        }
+        let mut claim = self.claim.lock().unwrap_or_else(|e| e.into_inner());
+        if claim.as_ref().is_none_or(|(n, _)| len > *n) {
+            *claim = Some((len, what()));
+        }
+    }
+
+    /// (misses, hints, the largest claim).
+    pub fn take(self) -> (Ranges, Ranges, Option<String>) {
         (
             self.misses.into_inner().unwrap_or_else(|e| e.into_inner()),
             self.hints.into_inner().unwrap_or_else(|e| e.into_inner()),
+            self.claim
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .map(|(_, w)| w),
         )
     }
 }
@@ -318,6 +354,16 @@ mod tests {
             ]
         );
         assert!(plan(&s, &[], 0, PAGE).is_empty());
+    }
+
+    #[test]
+    fn sizes_that_cannot_be_mapped_are_errors_naming_the_size() {
+        for len in [1u64 << 60, 1_000_000_000_000_000_000, u64::MAX] {
+            let e = Sparse::new(len).err().expect("no map of that size");
+            let text = e.to_string();
+            assert!(text.contains(&format!("{len} bytes")), "{text}");
+            assert!(text.contains("object size"), "{text}");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::format::cursor::Bytes;
 use crate::format::layout::{Layout, Record};
 use crate::plan::select::Job;
 use crate::source::file::{open_regular, Watched};
-use crate::source::sparse::{plan, Probe, Sparse};
+use crate::source::sparse::{plan, Probe, Sparse, PAGE};
 use crate::values::view::RecordView;
 
 /// The bytes of a state: a read-only memory map, owned bytes (read from a file, tests,
@@ -36,15 +36,29 @@ impl Deref for Data {
     }
 }
 
+impl AsRef<[u8]> for Data {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
 /// How a remote object is fetched: bytes of its start fetched in the first round of its walk,
 /// bytes fetched after each read the walk missed (it reads on from there), the largest range one
-/// request fetches (longer ones are split, to be fetched in parallel).
+/// request fetches (longer ones are split, to be fetched in parallel), and the most bytes a walk
+/// may fetch in all (the head included): a state's metadata (12 bytes a cell, a header a
+/// record) is a small part of it, so a header claiming more cells than a state of its object
+/// can hold is refused before its cells are fetched, not after gigabytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
     pub head: u64,
     pub ahead: u64,
     pub piece: u64,
+    pub metadata: u64,
 }
+
+/// The bytes a remote walk fetches at most by default: the metadata of a state of 20 million
+/// cells (see [`Policy`]).
+pub const METADATA_LIMIT: u64 = 256 << 20;
 
 impl Default for Policy {
     fn default() -> Self {
@@ -52,29 +66,63 @@ impl Default for Policy {
             head: 256 << 10,
             ahead: 64 << 10,
             piece: 8 << 20,
+            metadata: METADATA_LIMIT,
         }
     }
 }
 
-/// One step of walking a remote object: the layout (or the error the walk ends with), or the
-/// ranges to fetch before walking again.
+/// One step of walking a remote object: the layout (or the error the walk ends with), the
+/// ranges to fetch before walking again, or a refusal to fetch them (more than
+/// [`Policy::metadata`] in all).
 pub enum Step {
     Done(Box<Result<Layout>>),
     Fetch(Vec<(u64, u64)>),
+    Refused(Refusal),
+}
+
+/// A walk that would fetch more metadata than it may: what it fetched, what it would fetch
+/// next, the limit, and what the header claims that needs it (the largest claim, where one
+/// said so).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub fetched: u64,
+    pub wanted: u64,
+    pub at: u64,
+    pub limit: u64,
+    pub claim: Option<String>,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "walking its metadata would fetch {} more bytes from byte {} after {} ({}), more than \
+             the {} bytes a remote open fetches at most (a state's metadata, 12 bytes a cell and \
+             a header a record, is a small part of it)",
+            self.wanted,
+            self.at,
+            self.fetched,
+            self.claim
+                .as_deref()
+                .unwrap_or("the walk's reads and the record headers it predicts"),
+            self.limit
+        )
+    }
 }
 
 /// Walk the sparse copy `sparse` as far as it is fetched. A walk that read no byte not fetched
 /// is the walk of the whole object (it read the same bytes); otherwise its result means nothing,
-/// and the ranges it missed (widened by `policy.ahead`) and those it hinted are to be fetched.
+/// and the ranges it missed (widened by `policy.ahead`) and those it hinted are to be fetched,
+/// unless that brings what was fetched past `policy.metadata`.
 /// Nothing fetched yet: the object's first `policy.head` bytes.
 pub fn walk_step(sparse: &Sparse, opts: WalkOptions, policy: Policy) -> Step {
     if sparse.filled_bytes() == 0 && !sparse.is_empty() {
-        let head = policy.head.max(1);
+        let head = policy.head.max(1).min(policy.metadata.max(PAGE));
         return Step::Fetch(plan(sparse, &[(0, head)], 0, policy.piece));
     }
     let probe = Probe::new(sparse);
     let walked = walk_bytes(Bytes::probed(&probe), opts);
-    let (misses, hints) = probe.take();
+    let (misses, hints, claim) = probe.take();
     if misses.is_empty() {
         return Step::Done(Box::new(walked));
     }
@@ -93,6 +141,16 @@ pub fn walk_step(sparse: &Sparse, opts: WalkOptions, policy: Policy) -> Step {
             offset,
             len,
         })));
+    }
+    let more: u64 = want.iter().map(|r| r.1).sum();
+    if sparse.filled_bytes().saturating_add(more) > policy.metadata {
+        return Step::Refused(Refusal {
+            fetched: sparse.filled_bytes(),
+            wanted: more,
+            at: want[0].0,
+            limit: policy.metadata,
+            claim,
+        });
     }
     Step::Fetch(want)
 }
@@ -177,6 +235,14 @@ impl State {
         loop {
             match walk_step(&sparse, opts, policy) {
                 Step::Done(layout) => return Ok(Self::from_sparse(sparse, (*layout)?)),
+                Step::Refused(r) => {
+                    return Err(Error::format(
+                        "remote metadata",
+                        r.at as usize,
+                        format!("at most {} bytes fetched to open", r.limit),
+                        r,
+                    ))
+                }
                 Step::Fetch(ranges) => {
                     let got = fetch(&ranges)?;
                     let got: Vec<&[u8]> = got.iter().map(|b| b.as_slice()).collect();

@@ -7,7 +7,7 @@
 //! lanes in order: equal to float64 rounding). Minima and maxima ignore NaN, as `f32::min` does:
 //! MINPS / MAXPS return their second operand when either is NaN, and the running one is second.
 
-use crate::stats::moments::{CellStat, LossSums, Moments};
+use crate::stats::moments::{CellStat, LossSums, Moments, RowLoss};
 
 /// One row of values as a kernel reads them.
 #[derive(Clone, Copy)]
@@ -247,15 +247,19 @@ pub fn loss_sums(x: &[f32], y: &[f32], head_dim: usize, acc: &mut [LossSums]) {
         .iter_mut()
         .zip(x.chunks_exact(head_dim).zip(y.chunks_exact(head_dim)))
     {
+        let mut r = RowLoss {
+            n: head_dim as u64,
+            ..RowLoss::default()
+        };
         for (&x, &y) in x.iter().zip(y) {
             let (x, y) = (x as f64, y as f64);
-            e.se += (x - y) * (x - y);
-            e.max_abs = e.max_abs.max((x - y).abs());
-            e.aa += x * x;
-            e.bb += y * y;
-            e.ab += x * y;
+            r.se += (x - y) * (x - y);
+            r.max_abs = r.max_abs.max((x - y).abs());
+            r.aa += x * x;
+            r.bb += y * y;
+            r.ab += x * y;
         }
-        e.count += head_dim as u64;
+        e.add_row(&r);
     }
 }
 
@@ -264,7 +268,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::ChannelSums;
-    use crate::stats::moments::{CellStat, LossSums};
+    use crate::stats::moments::{CellStat, LossSums, RowLoss};
 
     /// Eight values at a time from a row.
     pub(super) trait Load: Copy {
@@ -602,17 +606,20 @@ mod x86 {
                 }
             }
             // SAFETY: AVX.
-            unsafe {
-                e.se += lanes_sum(se[0], se[1]);
-                e.aa += lanes_sum(aa[0], aa[1]);
-                e.bb += lanes_sum(bb[0], bb[1]);
-                e.ab += lanes_sum(ab[0], ab[1]);
+            let r = unsafe {
                 let mut m = [0f64; 8];
                 _mm256_storeu_pd(m.as_mut_ptr(), mx[0]);
                 _mm256_storeu_pd(m.as_mut_ptr().add(4), mx[1]);
-                e.max_abs = m.iter().fold(e.max_abs, |a, &b| a.max(b));
-            }
-            e.count += head_dim as u64;
+                RowLoss {
+                    n: head_dim as u64,
+                    se: lanes_sum(se[0], se[1]),
+                    max_abs: m.iter().fold(0.0, |a, &b| a.max(b)),
+                    aa: lanes_sum(aa[0], aa[1]),
+                    bb: lanes_sum(bb[0], bb[1]),
+                    ab: lanes_sum(ab[0], ab[1]),
+                }
+            };
+            e.add_row(&r);
         }
     }
 }
@@ -782,7 +789,14 @@ mod tests {
                     .map(|(p, q)| (*p as f64 - *q as f64).abs())
                     .fold(0.0, f64::max);
                 assert!(close(g.se, se) && g.max_abs == mx && g.count == hd as u64);
+                // one row: its own relative error and cosine are the pooled ones
+                assert_eq!((g.rows, g.rel_rows, g.cos_rows), (1, 1, 1));
+                assert!(close(g.rel_mean(), g.rel()) && close(g.cosine_mean(), g.cosine()));
+                assert!(close(g.rel_max, g.rel()) && close(g.cos_min, g.cosine()));
             }
+            // a second row adds a row to every head
+            loss_sums(&y, &x, hd, &mut got);
+            assert!(got.iter().all(|g| g.rows == 2 && g.count == 2 * hd as u64));
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The plain results the statistics kernels fill and merge: a cell's head statistics, running
-//! moments, and the sums of a round trip's loss (no kernel here: `kernels` and `passes` both use
-//! them), and the plain per-row loops the kernels fall back on.
+//! moments, and (re-exported from `loss`) the sums of a round trip's loss (no kernel here:
+//! `kernels` and `passes` both use them), and the plain per-row loops the kernels fall back on.
+
+pub use crate::stats::loss::{LossSums, RowLoss};
 
 /// Statistics of one head of one cell.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -65,28 +67,6 @@ impl Moments {
         } else {
             (self.m2 / self.count as f64).sqrt()
         }
-    }
-}
-
-/// Per-head sums for what a row loses through a round trip `f` (quantize, then dequantize).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct LossSums {
-    pub count: u64,
-    pub se: f64,
-    pub max_abs: f64,
-    pub aa: f64,
-    pub bb: f64,
-    pub ab: f64,
-}
-
-impl LossSums {
-    pub fn merge(&mut self, o: &LossSums) {
-        self.count += o.count;
-        self.se += o.se;
-        self.max_abs = self.max_abs.max(o.max_abs);
-        self.aa += o.aa;
-        self.bb += o.bb;
-        self.ab += o.ab;
     }
 }
 

@@ -7,6 +7,7 @@ pub use crate::stats::moments::{min_max, one_cell, sum_sq, CellStat, LossSums, M
 
 use crate::format::types::GgmlType;
 use crate::stats::kernels::{head_stats, loss_sums, vector_heads, ChannelSums, Sink, Values};
+use crate::stats::loss::RowLoss;
 use crate::values::view::RecordView;
 
 /// Per-(cell, head) statistics as columns.
@@ -51,7 +52,15 @@ pub fn cell_stats(v: &RecordView, cells: &[usize], head_dim: usize) -> CellStats
         argmax: vec![0; rows],
     };
     let per = v.chunk_cells();
-    let k = per * heads;
+    let cols = &mut all;
+    crate::parallel::install(|| stats_chunks(v, cells, head_dim, per, cols));
+    all
+}
+
+/// `cell_stats`'s chunks of `per` cells, in parallel, into `all`'s columns.
+fn stats_chunks(v: &RecordView, cells: &[usize], head_dim: usize, per: usize, all: &mut CellStats) {
+    let n = v.n_embd;
+    let k = per * n.checked_div(head_dim).unwrap_or(0);
     all.l2
         .par_chunks_mut(k)
         .zip(all.mean.par_chunks_mut(k))
@@ -86,7 +95,6 @@ pub fn cell_stats(v: &RecordView, cells: &[usize], head_dim: usize) -> CellStats
                 }
             },
         );
-    all
 }
 
 /// Where a chunk's statistics go: windows into the result columns.
@@ -192,6 +200,19 @@ pub fn accumulate(v: &RecordView, cells: &[usize], head_dim: usize) -> Accum {
     // One task's sums merge once: tasks of several chunks, decoded (where they must be) a chunk
     // at a time into the task's buffer.
     let sub = v.chunk_cells();
+    crate::parallel::install(|| accumulate_chunks(v, cells, head_dim, direct, sub))
+}
+
+/// `accumulate`'s tasks of `4 * sub` cells, in parallel, merged.
+fn accumulate_chunks(
+    v: &RecordView,
+    cells: &[usize],
+    head_dim: usize,
+    direct: bool,
+    sub: usize,
+) -> Accum {
+    let n = v.n_embd;
+    let heads = n / head_dim;
     cells
         .par_chunks(sub * 4)
         .map_init(Vec::new, |buf: &mut Vec<f32>, chunk| {
@@ -250,29 +271,30 @@ pub struct PairStat {
     pub cosine: f64,
     /// ||a - b|| / ||a||.
     pub rel: f64,
+    /// The sums the above come from (summed over many rows by `LossSums`).
+    pub loss: RowLoss,
 }
 
 fn pair(a: &[f32], b: &[f32]) -> PairStat {
-    let (mut se, mut max_abs, mut aa, mut bb, mut ab) = (0f64, 0f64, 0f64, 0f64, 0f64);
+    let mut r = RowLoss {
+        n: a.len() as u64,
+        ..RowLoss::default()
+    };
     for (&x, &y) in a.iter().zip(b) {
         let (x, y) = (x as f64, y as f64);
         let d = x - y;
-        se += d * d;
-        max_abs = max_abs.max(d.abs());
-        aa += x * x;
-        bb += y * y;
-        ab += x * y;
+        r.se += d * d;
+        r.max_abs = r.max_abs.max(d.abs());
+        r.aa += x * x;
+        r.bb += y * y;
+        r.ab += x * y;
     }
-    let cosine = if aa > 0.0 && bb > 0.0 {
-        ab / (aa.sqrt() * bb.sqrt())
-    } else {
-        f64::NAN
-    };
     PairStat {
-        mse: se / a.len() as f64,
-        max_abs,
-        cosine,
-        rel: if aa > 0.0 { (se / aa).sqrt() } else { f64::NAN },
+        mse: r.se / a.len() as f64,
+        max_abs: r.max_abs,
+        cosine: r.cosine(),
+        rel: r.rel(),
+        loss: r,
     }
 }
 
@@ -288,21 +310,23 @@ pub fn compare(
     if head_dim == 0 || b.n_embd != n {
         return Vec::new();
     }
-    pairs
-        .par_chunks(a.chunk_cells())
-        .flat_map_iter(|chunk| {
-            let (mut ra, mut rb) = (vec![0f32; n], vec![0f32; n]);
-            let mut out = Vec::with_capacity(chunk.len() * (n / head_dim));
-            for &(ca, cb) in chunk {
-                decode_cell(a, ca, &mut ra);
-                decode_cell(b, cb, &mut rb);
-                for (ha, hb) in ra.chunks_exact(head_dim).zip(rb.chunks_exact(head_dim)) {
-                    out.push(pair(ha, hb));
+    crate::parallel::install(|| {
+        pairs
+            .par_chunks(a.chunk_cells())
+            .flat_map_iter(|chunk| {
+                let (mut ra, mut rb) = (vec![0f32; n], vec![0f32; n]);
+                let mut out = Vec::with_capacity(chunk.len() * (n / head_dim));
+                for &(ca, cb) in chunk {
+                    decode_cell(a, ca, &mut ra);
+                    decode_cell(b, cb, &mut rb);
+                    for (ha, hb) in ra.chunks_exact(head_dim).zip(rb.chunks_exact(head_dim)) {
+                        out.push(pair(ha, hb));
+                    }
                 }
-            }
-            out
-        })
-        .collect()
+                out
+            })
+            .collect()
+    })
 }
 
 /// Per-head losses of the round trip `f(row, out)` over the cells in `cells`.
@@ -316,25 +340,27 @@ pub fn round_trip_loss(
     let Some(heads) = n.checked_div(head_dim) else {
         return Vec::new();
     };
-    cells
-        .par_chunks(v.chunk_cells())
-        .map(|chunk| {
-            let (mut row, mut back) = (vec![0f32; n], vec![0f32; n]);
-            let mut acc = vec![LossSums::default(); heads];
-            for &c in chunk {
-                decode_cell(v, c, &mut row);
-                f(&row, &mut back);
-                loss_sums(&row, &back, head_dim, &mut acc);
-            }
-            acc
-        })
-        .reduce(
-            || vec![LossSums::default(); heads],
-            |mut a, b| {
-                for (x, y) in a.iter_mut().zip(&b) {
-                    x.merge(y);
+    crate::parallel::install(|| {
+        cells
+            .par_chunks(v.chunk_cells())
+            .map(|chunk| {
+                let (mut row, mut back) = (vec![0f32; n], vec![0f32; n]);
+                let mut acc = vec![LossSums::default(); heads];
+                for &c in chunk {
+                    decode_cell(v, c, &mut row);
+                    f(&row, &mut back);
+                    loss_sums(&row, &back, head_dim, &mut acc);
                 }
-                a
-            },
-        )
+                acc
+            })
+            .reduce(
+                || vec![LossSums::default(); heads],
+                |mut a, b| {
+                    for (x, y) in a.iter_mut().zip(&b) {
+                        x.merge(y);
+                    }
+                    a
+                },
+            )
+    })
 }

@@ -10,6 +10,7 @@ use crate::model::layer_map::model_layer;
 use crate::plan::columns::{self, Keys, Table, Values};
 use crate::plan::select::{cell_seq_pairs, cells_from, grouped, jobs, Job, PlanError, Selection};
 use crate::source::state::State;
+use crate::stats::loss::LossColumns;
 use crate::stats::passes::{
     accumulate, cell_stats as stats_of_cells, round_trip_loss, Accum, CellStats, LossSums, Moments,
 };
@@ -54,19 +55,20 @@ pub enum TableError {
 pub fn cell_stats(p: &Pass, skip_first: i32) -> Result<Vec<Table>, TableError> {
     // the records in parallel too: a record's index columns are built on one thread, so one
     // record at a time would leave the other threads idle while they are
-    let mut out = p
-        .jobs()?
-        .par_iter()
-        .map(|job| -> Result<Table, TableError> {
-            let pairs = cell_seq_pairs(job.stream, p.layout().own_seq(), skip_first);
-            let cells: Vec<usize> = pairs.iter().map(|c| c.0).collect();
-            let stats = stats_of_cells(&p.sf.view(job)?, &cells, job.head_dim);
-            let heads: Vec<u32> = (0..job.n_heads() as u32).collect();
-            let mut t = columns::value_index(job, &pairs, &heads, p.model_layer(job));
-            push_cell_stats(&mut t, stats);
-            Ok(t)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let jobs = p.jobs()?;
+    let mut out = crate::parallel::install(|| {
+        jobs.par_iter()
+            .map(|job| -> Result<Table, TableError> {
+                let pairs = cell_seq_pairs(job.stream, p.layout().own_seq(), skip_first);
+                let cells: Vec<usize> = pairs.iter().map(|c| c.0).collect();
+                let stats = stats_of_cells(&p.sf.view(job)?, &cells, job.head_dim);
+                let heads: Vec<u32> = (0..job.n_heads() as u32).collect();
+                let mut t = columns::value_index(job, &pairs, &heads, p.model_layer(job));
+                push_cell_stats(&mut t, stats);
+                Ok(t)
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })?;
     if out.is_empty() {
         let mut t = columns::empty_value_index();
         push_cell_stats(&mut t, CellStats::default());
@@ -170,19 +172,21 @@ pub fn aggregate(p: &Pass, skip_first: i32) -> Result<[Table; 3], TableError> {
     let groups = grouped(p.jobs()?);
     // the groups' sums in parallel too (each is parallel inside: a small record alone would
     // leave threads idle), then the rows in order
-    let accs = groups
-        .par_iter()
-        .map(|group| -> Result<Accum, TableError> {
-            let j0 = &group[0];
-            let (hd, n) = (j0.head_dim, j0.rec.n_embd as usize);
-            let mut acc = Accum::new(n, n / hd);
-            for job in group {
-                let cells = cells_from(job.stream, skip_first);
-                acc.merge(&accumulate(&p.sf.view(job)?, &cells, hd));
-            }
-            Ok(acc)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let accs = crate::parallel::install(|| {
+        groups
+            .par_iter()
+            .map(|group| -> Result<Accum, TableError> {
+                let j0 = &group[0];
+                let (hd, n) = (j0.head_dim, j0.rec.n_embd as usize);
+                let mut acc = Accum::new(n, n / hd);
+                for job in group {
+                    let cells = cells_from(job.stream, skip_first);
+                    acc.merge(&accumulate(&p.sf.view(job)?, &cells, hd));
+                }
+                Ok(acc)
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })?;
     for (group, acc) in groups.iter().zip(accs) {
         let j0 = &group[0];
         let hd = j0.head_dim;
@@ -219,19 +223,20 @@ pub fn aggregate(p: &Pass, skip_first: i32) -> Result<[Table; 3], TableError> {
     ])
 }
 
-/// What quantizing each row as `ty` (ggml's reference quantizer) would lose, per (cache, layer,
-/// kind, head). `rotate` = (K group, V group): where nonzero, llama.cpp's pipeline for a rotated
-/// cache: rotate, quantize, dequantize, rotate back.
+/// What quantizing each row as `ty` (ggml's reference quantizer) would lose: a table per (cache,
+/// layer, kind, head) and one per (cache, layer, kind), with `loss`'s error columns (pooled and
+/// per-row), the head table also with the sums behind them. `rotate` = (K group, V group): where
+/// nonzero, llama.cpp's pipeline for a rotated cache: rotate, quantize, dequantize, rotate back.
 pub fn quant_error(
     p: &Pass,
     ty: GgmlType,
     skip_first: i32,
     rotate: (usize, usize),
-) -> Result<Table, TableError> {
-    let mut keys = Keys::default();
+) -> Result<[Table; 2], TableError> {
+    let (mut keys, mut layer_keys) = (Keys::default(), Keys::default());
     let mut head = vec![];
-    let mut count = vec![];
-    let mut cols: [Vec<f64>; 8] = Default::default();
+    let (mut heads, mut layers) = (LossColumns::default(), LossColumns::default());
+    let mut sums_cols: [Vec<f64>; 4] = Default::default();
     for group in grouped(p.jobs()?) {
         let j0 = &group[0];
         let n = j0.rec.n_embd as usize;
@@ -252,42 +257,29 @@ pub fn quant_error(
             }
         }
         let ml = p.model_layer(j0);
+        let mut all = LossSums::default();
         for (h, s) in sums.iter().enumerate() {
             keys.extend(j0.cache, j0.layer, ml, j0.kind, 1);
             head.push(h as u16);
-            count.push(s.count);
-            let c = s.count as f64;
-            let cosine = s.ab / (s.aa.sqrt() * s.bb.sqrt());
-            for (col, v) in cols.iter_mut().zip([
-                s.se / c,
-                s.max_abs,
-                (s.se / s.aa).sqrt(),
-                cosine,
-                s.se,
-                s.aa,
-                s.bb,
-                s.ab,
-            ]) {
+            heads.push(s);
+            all.merge(s);
+            for (col, v) in sums_cols.iter_mut().zip([s.se, s.aa, s.bb, s.ab]) {
                 col.push(v);
             }
         }
+        layer_keys.extend(j0.cache, j0.layer, ml, j0.kind, 1);
+        layers.push(&all);
     }
     let mut out = Table::default();
     keys.write(&mut out, None);
     out.push("head", Values::U16(head));
-    out.push("count", Values::U64(count));
-    let names = [
-        "mse",
-        "max_abs",
-        "rel",
-        "cosine",
-        "sum_sq_err",
-        "sum_sq",
-        "sum_sq_quant",
-        "sum_prod",
-    ];
-    for (name, col) in names.into_iter().zip(cols) {
+    heads.write(&mut out);
+    let names = ["sum_sq_err", "sum_sq", "sum_sq_quant", "sum_prod"];
+    for (name, col) in names.into_iter().zip(sums_cols) {
         out.push(name, Values::F64(col));
     }
-    Ok(out)
+    let mut by_layer = Table::default();
+    layer_keys.write(&mut by_layer, None);
+    layers.write(&mut by_layer);
+    Ok([out, by_layer])
 }

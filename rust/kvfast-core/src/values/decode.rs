@@ -215,16 +215,18 @@ pub fn decode_rows(
     let (dst, rest) = dst.split_at_mut(held);
     rest.fill(f32::NAN);
     let per = rows_per_task(n_embd);
-    dst.par_chunks_mut(per * n_embd)
-        .zip(src.par_chunks(per * row_bytes))
-        .for_each(|(o, s)| {
-            for (orow, srow) in o.chunks_exact_mut(n_embd).zip(s.chunks_exact(row_bytes)) {
-                decode_row(ty, srow, orow);
-                if rotation > 0 {
-                    crate::values::rotation::hadamard_groups(orow, rotation);
+    crate::parallel::install(|| {
+        dst.par_chunks_mut(per * n_embd)
+            .zip(src.par_chunks(per * row_bytes))
+            .for_each(|(o, s)| {
+                for (orow, srow) in o.chunks_exact_mut(n_embd).zip(s.chunks_exact(row_bytes)) {
+                    decode_row(ty, srow, orow);
+                    if rotation > 0 {
+                        crate::values::rotation::hadamard_groups(orow, rotation);
+                    }
                 }
-            }
-        });
+            })
+    });
 }
 
 /// Whether `src` holds `n_embd` runs of `cells` elements of `el` bytes: then element `j * cells + c`
@@ -254,22 +256,24 @@ pub fn transpose_bytes(
         return;
     }
     let per = rows_per_task(n_embd);
-    dst.par_chunks_mut(per * n_embd * el)
-        .enumerate()
-        .for_each(|(t, o)| {
-            let c0 = first.saturating_add(t * per);
-            for (ci, orow) in o.chunks_exact_mut(n_embd * el).enumerate() {
-                let c = c0.saturating_add(ci);
-                if c >= cells {
-                    orow.fill(0xFF);
-                    continue;
+    crate::parallel::install(|| {
+        dst.par_chunks_mut(per * n_embd * el)
+            .enumerate()
+            .for_each(|(t, o)| {
+                let c0 = first.saturating_add(t * per);
+                for (ci, orow) in o.chunks_exact_mut(n_embd * el).enumerate() {
+                    let c = c0.saturating_add(ci);
+                    if c >= cells {
+                        orow.fill(0xFF);
+                        continue;
+                    }
+                    for j in 0..n_embd {
+                        let s = (j * cells + c) * el;
+                        orow[j * el..(j + 1) * el].copy_from_slice(&src[s..s + el]);
+                    }
                 }
-                for j in 0..n_embd {
-                    let s = (j * cells + c) * el;
-                    orow[j * el..(j + 1) * el].copy_from_slice(&src[s..s + el]);
-                }
-            }
-        });
+            })
+    })
 }
 
 /// Transpose element-major float V into cell-major f32 rows, cells `first..` (as many as `dst`
@@ -287,22 +291,24 @@ pub fn decode_transposed(
         return;
     }
     let per = rows_per_task(n_embd);
-    dst.par_chunks_mut(per * n_embd)
-        .enumerate()
-        .for_each(|(t, o)| {
-            let c0 = first.saturating_add(t * per);
-            for (ci, orow) in o.chunks_exact_mut(n_embd).enumerate() {
-                let c = c0.saturating_add(ci);
-                if c >= cells {
-                    orow.fill(f32::NAN);
-                    continue;
+    crate::parallel::install(|| {
+        dst.par_chunks_mut(per * n_embd)
+            .enumerate()
+            .for_each(|(t, o)| {
+                let c0 = first.saturating_add(t * per);
+                for (ci, orow) in o.chunks_exact_mut(n_embd).enumerate() {
+                    let c = c0.saturating_add(ci);
+                    if c >= cells {
+                        orow.fill(f32::NAN);
+                        continue;
+                    }
+                    for (j, v) in orow.iter_mut().enumerate() {
+                        let s = (j * cells + c) * el;
+                        *v = float_at(ty, &src[s..s + el]);
+                    }
                 }
-                for (j, v) in orow.iter_mut().enumerate() {
-                    let s = (j * cells + c) * el;
-                    *v = float_at(ty, &src[s..s + el]);
-                }
-            }
-        });
+            })
+    })
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@ pub mod alloc;
 pub mod decode;
 pub mod quantize;
 pub mod rope;
+pub mod rope_pairs;
 pub mod rotation;
 pub mod rotation_decide;
 pub mod round_trip;

@@ -6,9 +6,12 @@
 //! The rule (`llama_kv_cache` constructor, `build_input_k_rot` / `build_input_v_rot`): K is rotated
 //! when the K type is quantized, every layer of the cache has the same K head size and it is a
 //! multiple of 64; the group is the largest power of two >= 64 dividing that head size. V likewise
-//! with the V type and head size, always in groups of 64. Nothing in the bytes records it.
+//! with the V type and head size, always in groups of 64. Only the inputs of the attention that
+//! rotate apply it: K-only attention (`llm_graph_input_attn_k`, the V-less MLA cache of deepseek2
+//! and the like) stores K as computed, whatever `attn_rot_k` says ([`k_only`]). Nothing in the
+//! bytes records it.
 
-use crate::format::layout::{Container, Layout};
+use crate::format::layout::{Container, Kind, Layout};
 use crate::format::types::GgmlType;
 
 /// What a state's container says about when it was written, relative to the rotation (April 2026).
@@ -84,6 +87,65 @@ pub fn k_group(ty: GgmlType, head_dim: Option<u64>) -> Option<usize> {
 pub fn v_group(ty: GgmlType, head_dim: Option<u64>) -> Option<usize> {
     let hd = head_dim? as usize;
     (ty.is_quantized() && hd != 0 && hd % MIN_GROUP == 0).then_some(MIN_GROUP)
+}
+
+/// Whether llama.cpp reads cache `cache` through its K-only attention input, which never rotates:
+/// a V-less (MLA) cache that is the state's only attention cache. (An iSWA pair of V-less caches
+/// is read through the K-only iSWA input, which rotates K; a cache with V through the KV input.)
+pub fn k_only(layout: &Layout, cache: usize) -> bool {
+    let mut attention = layout
+        .caches
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| !c.memory.is_recurrent());
+    let (Some((ci, c)), None) = (attention.next(), attention.next()) else {
+        return false;
+    };
+    let mut layers = c.streams.iter().flat_map(|s| &s.layers).peekable();
+    ci == cache && layers.peek().is_some() && layers.all(|l| l.v.is_none())
+}
+
+/// The group llama.cpp stores `kind` rows of type `ty` of cache `cache` in (0: as computed), by
+/// its rule, given the cache's head size of that kind (None: not known); None where that depends
+/// on the head size (a quantized type, rows a group of 64 divides, a head size not known).
+pub fn rule_group(
+    layout: &Layout,
+    cache: usize,
+    kind: Kind,
+    ty: GgmlType,
+    head_dim: Option<u64>,
+) -> Option<usize> {
+    let recurrent = layout
+        .caches
+        .get(cache)
+        .is_none_or(|c| c.memory.is_recurrent());
+    if recurrent
+        || kind.is_recurrent()
+        || !ty.is_quantized()
+        || (kind == Kind::K && k_only(layout, cache))
+    {
+        return Some(0);
+    }
+    if head_dim.is_some() {
+        let g = match kind {
+            Kind::K => k_group(ty, head_dim),
+            _ => v_group(ty, head_dim),
+        };
+        return Some(g.unwrap_or(0));
+    }
+    // no head size: a row no group of 64 divides has no head size llama.cpp rotates
+    let c = &layout.caches[cache];
+    let divisible = c
+        .streams
+        .iter()
+        .flat_map(|s| &s.layers)
+        .filter_map(|l| l.record(kind))
+        .any(|r| r.n_embd > 0 && r.n_embd % MIN_GROUP as u64 == 0);
+    if divisible {
+        None
+    } else {
+        Some(0)
+    }
 }
 
 /// Multiply every group of `n` consecutive values of `row` by the orthonormal Hadamard matrix of

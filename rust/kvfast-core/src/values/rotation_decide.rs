@@ -4,18 +4,24 @@
 //! Nothing in the bytes records the rotation. `Mode::Auto` undoes it where the evidence says
 //! llama.cpp rotated, in this order: the rule (an f16 cache, or a head size that is not a multiple
 //! of 64, is never rotated; a V-less MLA cache alone is read through llama.cpp's K-only attention,
-//! which does not rotate), what the build that wrote the state recorded (a probe manifest), the
-//! container's era, and last the values themselves: rotated rows look Gaussian (kurtosis about 3),
-//! real keys have outlier channels. The values test reads at most [`SAMPLE_CELLS`] cells (the
-//! middle ones, away from attention sinks) of at most [`SAMPLE_LAYERS`] records per cache and kind
-//! ([`sample_ranges`]: the bytes a remote state must have fetched first; bytes not there read as
-//! NaN, never out of bounds), never a whole record: its cost does not grow with the context. Where
-//! none of these can tell, the values are left as stored and the decision is marked uncertain
-//! ([`warning`] says so, naming the options).
+//! which does not rotate: so in `Mode::Hadamard` too), what the build that wrote the state recorded
+//! (a probe manifest), the container's era, and last the values themselves: rotated rows look
+//! Gaussian (kurtosis about 3), real keys have outlier channels. One build wrote every cache of a
+//! state and rotates K and V alike, so where one cache and kind's values showed whether it rotates,
+//! the rule decides those whose values cannot tell ([`one_build`]). Without the head size K's group
+//! is read from RoPE's pairs ([`crate::values::rope_pairs`]), never from the kurtosis (a group twice
+//! or half llama.cpp's keeps the outliers), and where they cannot tell K is left as stored. The
+//! values test reads at most [`SAMPLE_CELLS`] cells (the middle ones, away from attention sinks)
+//! of at most [`SAMPLE_LAYERS`] records per cache and kind ([`sample_ranges`]: the bytes a remote
+//! state must have fetched first; bytes not there read as NaN, never out of bounds), never a whole
+//! record: its cost does not grow with the context. Where none of these can tell, the values are
+//! left as stored and the decision is marked uncertain ([`warning`] says so, naming the options).
 
 use crate::format::layout::{Kind, Layout, Record};
+use crate::format::types::GgmlType;
 use crate::source::state::State;
-use crate::values::rotation::{era, hadamard_groups, k_group, v_group, Era, MIN_GROUP};
+use crate::values::rope_pairs::{self, Advances, Reading};
+use crate::values::rotation::{era, hadamard_groups, k_group, k_only, v_group, Era, MIN_GROUP};
 use crate::values::view::RecordView;
 use rayon::prelude::*;
 
@@ -27,12 +33,6 @@ pub const SAMPLE_LAYERS: usize = 6;
 const MARGIN: f64 = 2.0;
 const MARGIN_CONFIRM: f64 = 1.4;
 const MIN_KURTOSIS: f64 = 5.0;
-
-/// Why a group chosen by the values is a guess: undoing in twice llama.cpp's group mixes each
-/// channel with the same channel of the neighbouring head, which keeps (often raises) the outliers
-/// a real cache has, so no statistic of the values tells the two apart without the head size.
-const GUESS: &str =
-    "chosen by the values (the largest kurtosis; without the head size a group twice llama.cpp's looks alike)";
 
 /// `kvfast.open(..., rotation=...)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,21 +94,25 @@ pub struct RotationError {
     pub candidates: Vec<usize>,
 }
 
+/// One record of a cache, with its stream's cell count and cell positions.
+type Rec<'a> = (&'a Record, usize, &'a [i32]);
+
 /// The records of one kind of one cache, with their stream's cell count, streams outer.
-fn records(layout: &Layout, cache: usize, kind: Kind) -> Vec<(&Record, usize)> {
+fn records(layout: &Layout, cache: usize, kind: Kind) -> Vec<Rec<'_>> {
     let c = &layout.caches[cache];
     c.streams
         .iter()
         .flat_map(|s| {
-            s.layers
-                .iter()
-                .filter_map(move |l| l.record(kind).map(|r| (r, s.cell_count as usize)))
+            s.layers.iter().filter_map(move |l| {
+                l.record(kind)
+                    .map(|r| (r, s.cell_count as usize, s.pos.as_slice()))
+            })
         })
         .collect()
 }
 
 /// The records the values test reads of one cache and kind: every `len / SAMPLE_LAYERS`-th.
-fn sampled<'a>(recs: &[(&'a Record, usize)]) -> Vec<(&'a Record, usize)> {
+fn sampled<'a>(recs: &[Rec<'a>]) -> Vec<Rec<'a>> {
     let step = (recs.len() / SAMPLE_LAYERS).max(1);
     recs.iter()
         .step_by(step)
@@ -127,7 +131,7 @@ pub fn sample_ranges(layout: &Layout) -> Vec<(u64, u64)> {
             continue;
         }
         for kind in Kind::BOTH {
-            for (rec, cells) in sampled(&records(layout, ci, kind)) {
+            for (rec, cells, _) in sampled(&records(layout, ci, kind)) {
                 if rec.ty.is_float() {
                     continue; // never rotated: never read
                 }
@@ -159,14 +163,6 @@ pub fn decide(
     let attention: Vec<usize> = (0..layout.caches.len())
         .filter(|&ci| !layout.caches[ci].memory.is_recurrent())
         .collect();
-    // A V-less (MLA) cache alone, not an iSWA pair: llama.cpp's K-only attention input
-    // (llm_graph_input_attn_k, deepseek2 and the like) has no rotation, so K is stored as computed
-    // even where attn_rot_k is set (its iSWA counterpart rotates).
-    let k_only = attention.len() == 1 && {
-        let c = &layout.caches[attention[0]];
-        let layers: Vec<_> = c.streams.iter().flat_map(|s| &s.layers).collect();
-        c.streams.iter().any(|s| !s.layers.is_empty()) && layers.iter().all(|l| l.v.is_none())
-    };
     let mut out = vec![];
     for &ci in &attention {
         for kind in Kind::BOTH {
@@ -177,14 +173,76 @@ pub fn decide(
                 head_dim: head_dims[kind.index()],
                 mode,
                 hint,
-                k_only,
+                k_only: k_only(layout, ci),
             };
-            if let Some(d) = ctx.decide()? {
-                out.push(d);
+            let mut build = Build::default();
+            if let Some(d) = ctx.decide(&mut build)? {
+                out.push((d, build));
             }
         }
     }
-    Ok(out)
+    Ok(one_build(out))
+}
+
+/// One build wrote every cache of a state, and it rotates K and V alike (`LLAMA_ATTN_ROT_DISABLE`
+/// turns off both): where the values of some cache and kind showed whether it rotates, and those of
+/// another could not tell, the rule decides the other in that build's way (a whole state of
+/// Gemma 3, say: its keys show the rotation, its values, Gaussian in either basis, do not).
+fn one_build(decided: Vec<(Decision, Build)>) -> Vec<Decision> {
+    let witness = decided
+        .iter()
+        .find(|(_, b)| b.proves.is_some())
+        .map(|(d, b)| (d.cache, d.kind, b.proves == Some(true)));
+    let agree = decided
+        .iter()
+        .filter_map(|(_, b)| b.proves)
+        .all(|p| Some(p) == witness.map(|w| w.2));
+    // K and V of a cache have the same KV heads: K's RoPE pairs give V's head size
+    let k_heads: Vec<(usize, u64)> = decided
+        .iter()
+        .filter_map(|(d, b)| b.heads.map(|h| (d.cache, h)))
+        .collect();
+    let proven = witness.filter(|_| agree).map(|w| w.2);
+    decided
+        .into_iter()
+        .map(|(mut d, mut b)| {
+            let heads = k_heads.iter().find(|(c, _)| *c == d.cache).map(|h| h.1);
+            if let (false, Some(n), Some(w)) = (d.certain, heads, b.width) {
+                if n > 0 && w % n == 0 && b.believed.or(proven) == Some(true) {
+                    let hd = w / n;
+                    let ty = GgmlType::from_name(d.ty);
+                    let g = ty.and_then(|t| v_group(t, Some(hd))).unwrap_or(0);
+                    d.evidence = format!(
+                        "{}; K's RoPE pairs show {n} KV heads, so V heads of {hd}",
+                        d.evidence
+                    );
+                    d.undone = g > 0;
+                    d.group = (g > 0).then_some(g);
+                    d.certain = true;
+                    b.rule = None;
+                }
+            }
+            if let (Some((cache, kind, rotates)), true, false, Some(g)) =
+                (witness, agree, d.certain, b.rule)
+            {
+                let does = if rotates {
+                    "rotates"
+                } else {
+                    "does not rotate"
+                };
+                d.evidence = format!(
+                    "{}; the build {does} (cache {cache} {}'s values show it; llama.cpp rotates K \
+                     and V alike), so llama.cpp's rule decides",
+                    d.evidence,
+                    kind.name().to_uppercase()
+                );
+                d.undone = rotates;
+                d.group = rotates.then_some(g);
+                d.certain = true;
+            }
+            d
+        })
+        .collect()
 }
 
 /// What a user is told when a decision is a default taken for want of evidence (None: every
@@ -226,15 +284,32 @@ struct Ctx<'a> {
     k_only: bool,
 }
 
+/// What RoPE's pairs say: the reading that leads clearly (None: none does), and the measurements.
+type Paired = (Option<Reading>, String);
+
 /// What the values say: the group whose undoing gives values with outlier channels (`Some(g)`),
-/// values that already have them as stored (`Some(0)`), or no clear answer (None); with the
-/// kurtoses measured.
-type Measured = (Option<usize>, String);
+/// values that already have them as stored (`Some(0)`), or no clear answer (None); the kurtoses
+/// measured; and, where asked, what RoPE's pairs say.
+type Measured = (Option<usize>, String, Option<Paired>);
+
+/// What one decision's values say of the build that wrote the state, where neither a manifest nor
+/// the container's era did: whether it rotates (`proves`), and for a decision the values left
+/// open, the group llama.cpp's rule gives that cache and kind (`rule`); for K read by RoPE's pairs,
+/// the KV heads they showed (`heads`); for V the values left open with no head size, whether the
+/// build is believed to rotate (`believed`) and the V rows' width (`width`).
+#[derive(Debug, Default, Clone, Copy)]
+struct Build {
+    proves: Option<bool>,
+    rule: Option<usize>,
+    heads: Option<u64>,
+    believed: Option<bool>,
+    width: Option<u64>,
+}
 
 impl Ctx<'_> {
-    fn decide(&self) -> Result<Option<Decision>, RotationError> {
+    fn decide(&self, build: &mut Build) -> Result<Option<Decision>, RotationError> {
         let recs = records(&self.state.layout, self.cache, self.kind);
-        let Some(&(first, _)) = recs.first() else {
+        let Some(&(first, _, _)) = recs.first() else {
             return Ok(None);
         };
         let ty = first.ty;
@@ -264,7 +339,8 @@ impl Ctx<'_> {
             );
             return Ok(rot(false, None, why, true));
         }
-        if self.k_only && self.mode == Mode::Auto {
+        if self.k_only && self.kind == Kind::K {
+            // the rule, in every mode that applies it (rotation='hadamard' included)
             let why = "a V-less (MLA) cache of one attention cache: llama.cpp's K-only attention \
                        does not rotate K";
             return Ok(rot(false, None, why.into(), true));
@@ -284,7 +360,7 @@ impl Ctx<'_> {
                 (vec![g], format!("head size {hd}"))
             }
             None => {
-                let mut n_embd: Vec<u64> = recs.iter().map(|(r, _)| r.n_embd).collect();
+                let mut n_embd: Vec<u64> = recs.iter().map(|(r, _, _)| r.n_embd).collect();
                 n_embd.sort_unstable();
                 n_embd.dedup();
                 let common: Vec<usize> = groups(n_embd[0])
@@ -300,18 +376,27 @@ impl Ctx<'_> {
                 (common, String::new())
             }
         };
+        // K's group, where the head size is not known and several groups fit the rows: RoPE's
+        // pairs tell it (rope_pairs), or nothing does
+        let pairs = self.head_dim.is_none() && candidates.len() > 1;
         if self.mode == Mode::Hadamard {
             if self.head_dim.is_some() {
                 let why = format!("rotation='hadamard' ({known})");
                 return Ok(rot(true, Some(candidates[0]), why, true));
             }
-            let (g, ev) = self.by_values(&recs, &candidates, MARGIN);
-            return match g {
-                Some(g) if g > 0 => {
-                    let why = format!("rotation='hadamard', group {GUESS} ({ev})");
-                    Ok(rot(true, Some(g), why, candidates.len() == 1))
+            let (g, ev, read) = self.by_values(&recs, &candidates, MARGIN, pairs, true);
+            let group = if pairs {
+                read.as_ref().and_then(|(r, _)| *r).map(|r| r.group)
+            } else {
+                g.filter(|&g| g > 0)
+            };
+            let text = read.map_or(ev, |(_, t)| t);
+            return match group {
+                Some(g) => {
+                    let why = format!("rotation='hadamard', group {g} by the values ({text})");
+                    Ok(rot(true, Some(g), why, true))
                 }
-                _ => Err(RotationError {
+                None => Err(RotationError {
                     cache: self.cache,
                     kind: self.kind,
                     candidates,
@@ -346,11 +431,49 @@ impl Ctx<'_> {
         } else {
             MARGIN
         };
-        let (g, ev) = self.by_values(&recs, &candidates, margin);
+        let (g, ev, read) = self.by_values(&recs, &candidates, margin, pairs, false);
+        // what the values decide here they decide of the build (believed: a manifest or the era did)
+        let decided = |undone: bool| believed.is_none().then_some(undone);
+        if let Some((reading, text)) = read {
+            build.proves = reading.and_then(|r| decided(r.group > 0));
+            build.heads = reading.map(|r| first.n_embd / r.head as u64);
+            return Ok(match reading {
+                Some(r) if r.group > 0 => rot(
+                    true,
+                    Some(r.group),
+                    format!(
+                        "{why}; values: {text}: groups of {}, heads of {} ({ev})",
+                        r.group, r.head
+                    ),
+                    true,
+                ),
+                Some(r) => rot(
+                    false,
+                    None,
+                    format!(
+                        "{why}; values: {text}: as stored, heads of {} ({ev})",
+                        r.head
+                    ),
+                    true,
+                ),
+                None => rot(
+                    false,
+                    None,
+                    format!(
+                        "{why}; values: {text}; {ev}: without the head size the group cannot be \
+                         told (one of {candidates:?}), so the values are left as stored"
+                    ),
+                    false,
+                ),
+            });
+        }
+        build.proves = g.and_then(|g| decided(g > 0));
+        build.rule = self.head_dim.map(|_| candidates[0]);
+        if self.head_dim.is_none() && self.kind == Kind::V {
+            build.believed = believed;
+            build.width = Some(first.n_embd);
+        }
         Ok(match g {
-            Some(g) if g > 0 && self.head_dim.is_none() && candidates.len() > 1 => {
-                rot(true, Some(g), format!("{why}; group {GUESS}: {ev}"), false)
-            }
             Some(g) if g > 0 => rot(true, Some(g), format!("{why}; values: {ev}"), true),
             Some(_) => rot(false, None, format!("{why}; values: {ev}"), true),
             None => rot(false, None, format!("{why}; values: {ev}"), false),
@@ -358,28 +481,59 @@ impl Ctx<'_> {
     }
 
     /// Measured on a sample of records: the basis of largest median kurtosis wins if it is clearly
-    /// non-Gaussian and clearly above the other reading (as stored, or undone).
-    fn by_values(&self, recs: &[(&Record, usize)], candidates: &[usize], margin: f64) -> Measured {
-        // per record: the kurtosis as stored, then undone in each candidate group (in parallel)
-        let per_layer: Vec<Vec<f64>> = sampled(recs)
-            .into_par_iter()
-            .filter_map(|(rec, cells)| {
-                let n = cells.min(SAMPLE_CELLS);
-                let width = rec.n_embd as usize;
-                if n == 0 || width == 0 {
-                    return None;
-                }
-                let c0 = sample_start(cells);
-                let mut x = vec![0f32; n * width];
-                RecordView::new(self.state.bytes(), rec, cells).decode(c0, c0 + n, &mut x);
-                Some(kurtoses(x, candidates))
-            })
-            .collect();
+    /// non-Gaussian and clearly above the other reading (as stored, or undone). With `pairs`, also
+    /// what RoPE's pairs say of every reading the rule allows ([`rope_pairs`]; `undone_only`:
+    /// readings of a group only).
+    fn by_values(
+        &self,
+        recs: &[Rec],
+        candidates: &[usize],
+        margin: f64,
+        pairs: bool,
+        undone_only: bool,
+    ) -> Measured {
+        let readings: Vec<Reading> = if pairs {
+            let widths: Vec<u64> = recs.iter().map(|(r, _, _)| r.n_embd).collect();
+            rope_pairs::readings(&widths, candidates)
+                .into_iter()
+                .filter(|r| !undone_only || r.group > 0)
+                .collect()
+        } else {
+            vec![]
+        };
+        // per record: the kurtosis as stored, then undone in each candidate group (in parallel),
+        // and the advances of each reading
+        let per_layer: Vec<(Vec<f64>, Vec<Advances>)> = crate::parallel::install(|| {
+            sampled(recs)
+                .into_par_iter()
+                .filter_map(|(rec, cells, pos)| {
+                    let n = cells.min(SAMPLE_CELLS);
+                    let width = rec.n_embd as usize;
+                    if n == 0 || width == 0 {
+                        return None;
+                    }
+                    let c0 = sample_start(cells);
+                    let mut x = vec![0f32; n * width];
+                    RecordView::new(self.state.bytes(), rec, cells).decode(c0, c0 + n, &mut x);
+                    let pos = pos.get(c0..c0 + n).unwrap_or(&[]);
+                    Some(measure(x, width, pos, candidates, &readings))
+                })
+                .collect()
+        });
         if per_layer.is_empty() {
-            return (None, "no cells to measure".into());
+            return (None, "no cells to measure".into(), None);
         }
+        let read = pairs.then(|| {
+            let mut sums = vec![Advances::default(); readings.len()];
+            for (_, a) in &per_layer {
+                for (s, x) in sums.iter_mut().zip(a) {
+                    s.add(x);
+                }
+            }
+            rope_pairs::judge(&readings, &sums)
+        });
         let median: Vec<f64> = (0..=candidates.len())
-            .map(|i| median(per_layer.iter().map(|k| k[i]).collect()))
+            .map(|i| median(per_layer.iter().map(|k| k.0[i]).collect()))
             .collect();
         let undone: Vec<String> = candidates
             .iter()
@@ -399,7 +553,7 @@ impl Ctx<'_> {
             }
         }
         if median[winner].is_nan() || median[winner] < MIN_KURTOSIS {
-            return (None, text);
+            return (None, text, read);
         }
         let clear = if winner == 0 {
             let best = median[1..]
@@ -415,7 +569,7 @@ impl Ctx<'_> {
         } else {
             candidates[winner - 1]
         };
-        (clear.then_some(group), text)
+        (clear.then_some(group), text, read)
     }
 }
 
@@ -495,12 +649,28 @@ pub fn sample_start(cells: usize) -> usize {
     (cells / 2).min(cells.saturating_sub(SAMPLE_CELLS))
 }
 
-/// The kurtosis of `x` as it is, then undone in each of `groups` (ascending powers of two, each
-/// dividing the rows): one fast Walsh-Hadamard transform whose stages are taken in turn, the
-/// kurtosis read after the stages that complete each group (a group of 2g is two of g and one more
-/// stage; the scale of the orthonormal matrix leaves the kurtosis as it is). f32 values, as the
-/// decoder's transform, moments summed in f64.
-fn kurtoses(mut x: Vec<f32>, groups: &[usize]) -> Vec<f64> {
+/// The kurtosis of `x` (cells of `width` values at positions `pos`) as it is, then undone in each
+/// of `groups` (ascending powers of two, each dividing the rows), and the RoPE pairs' advances of
+/// each of `readings` (their groups among `groups`, or 0): one fast Walsh-Hadamard transform whose
+/// stages are taken in turn, each reading measured after the stages that complete its group (a
+/// group of 2g is two of g and one more stage; the scale of the orthonormal matrix leaves both
+/// measures as they are). f32 values, as the decoder's transform, moments summed in f64.
+fn measure(
+    mut x: Vec<f32>,
+    width: usize,
+    pos: &[i32],
+    groups: &[usize],
+    readings: &[Reading],
+) -> (Vec<f64>, Vec<Advances>) {
+    let mut adv = vec![Advances::default(); readings.len()];
+    let at = |x: &[f32], group: usize, adv: &mut [Advances]| {
+        for (a, r) in adv.iter_mut().zip(readings) {
+            if r.group == group {
+                *a = rope_pairs::advances(x, width, pos, r.head);
+            }
+        }
+    };
+    at(&x, 0, &mut adv);
     let mut out = vec![kurtosis(&x)];
     let mut h = 1;
     for &g in groups {
@@ -514,8 +684,9 @@ fn kurtoses(mut x: Vec<f32>, groups: &[usize]) -> Vec<f64> {
             h *= 2;
         }
         out.push(kurtosis(&x));
+        at(&x, g, &mut adv);
     }
-    out
+    (out, adv)
 }
 
 /// One stage of the (unnormalised) fast Walsh-Hadamard transform: every block of `2h` values
@@ -564,7 +735,7 @@ mod tests {
         let x: Vec<f32> = (0..512)
             .map(|i| (i as f32 * 0.37).sin() + (i % 7) as f32)
             .collect();
-        let got = kurtoses(x.clone(), &[64, 128, 256]);
+        let got = measure(x.clone(), 512, &[], &[64, 128, 256], &[]).0;
         for (i, g) in [64usize, 128, 256].into_iter().enumerate() {
             let mut y = x.clone();
             crate::values::rotation::hadamard_groups(&mut y, g);
@@ -579,7 +750,7 @@ mod tests {
         // one outlier channel spreads over the group: the kurtosis falls towards a flat row's
         let mut spike = vec![0.01f32; 64];
         spike[5] = 10.0;
-        let k = kurtoses(spike, &[64]);
+        let k = measure(spike, 64, &[], &[64], &[]).0;
         assert!(k[0] > 50.0 && k[1] < 2.0, "{k:?}");
     }
 

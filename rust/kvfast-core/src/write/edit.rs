@@ -5,101 +5,12 @@
 
 use crate::format::layout::{Container, Kind, Memory};
 use crate::format::types::GgmlType;
-use crate::values::decode::decode_row;
-use crate::values::quantize::quantize_row;
-use crate::values::rotation::hadamard_groups;
+use crate::write::check::{self, sequences as seqs_of};
 use crate::write::parts::{CacheParts, Format, Rows, StateParts, StreamParts};
-use crate::write::{seq_id, Result, WriteError};
+use crate::write::{err, seq_id, Result, WriteError};
 
 /// llama.cpp's LLAMA_TOKEN_NULL: the token of a cell the extension knows none for.
 pub const TOKEN_NULL: i32 = -1;
-
-/// A request the edit cannot make: `what` it is about, in the argument `field`.
-fn err(
-    what: impl Into<String>,
-    field: impl Into<String>,
-    expected: impl Into<String>,
-    found: impl std::fmt::Display,
-) -> WriteError {
-    let (what, field) = (what.into(), field.into());
-    let expected = expected.into();
-    let message = if what == field {
-        format!("expected {expected}, found {found}")
-    } else {
-        format!("{what}: expected {expected}, found {found}")
-    };
-    WriteError::Request { field, message }
-}
-
-impl Rows {
-    /// Keep the rows of the cells `keep` says.
-    fn keep(&mut self, keep: &[bool]) {
-        let rb = self.row_bytes();
-        let mut out = Vec::with_capacity(self.rows.len());
-        for (i, k) in keep.iter().enumerate() {
-            if *k {
-                out.extend_from_slice(&self.rows[i * rb..(i + 1) * rb]);
-            }
-        }
-        self.rows = out;
-    }
-
-    /// The rows as f32 values in the model's basis (`group`: the rotation they are stored in, 0
-    /// for none).
-    pub fn values(&self, group: usize) -> Vec<f32> {
-        let n = self.n_embd as usize;
-        let rb = self.row_bytes();
-        let cells = self.rows.len().checked_div(rb).unwrap_or(0);
-        let mut out = vec![0f32; n * cells];
-        for i in 0..cells {
-            let row = &mut out[i * n..(i + 1) * n];
-            decode_row(self.ty, &self.rows[i * rb..(i + 1) * rb], row);
-            hadamard_groups(row, group);
-        }
-        out
-    }
-
-    /// Store `values` (f32 in the model's basis, a row per cell) as type `ty`, rotated in groups of
-    /// `group` (0: not rotated) as llama.cpp stores that type.
-    pub fn store(&mut self, ty: GgmlType, values: &[f32], group: usize) -> Result<()> {
-        let n = self.n_embd as usize;
-        let rb = ty.row_bytes(self.n_embd).ok_or_else(|| {
-            err(
-                format!("{} record type", self.kind),
-                format!("cache_type_{}", self.kind),
-                format!("a type whose blocks divide the {n} values of a row"),
-                ty,
-            )
-        })? as usize;
-        if n > 0 && values.len() % n != 0 {
-            return Err(err(
-                format!("{} record values", self.kind),
-                "values",
-                format!("whole rows of {n} values"),
-                values.len(),
-            ));
-        }
-        if group > 0 && n % group != 0 {
-            return Err(err(
-                format!("{} record rotation group", self.kind),
-                format!("cache_type_{}", self.kind),
-                format!("a group dividing the {n} values of a row"),
-                group,
-            ));
-        }
-        let cells = values.len().checked_div(n).unwrap_or(0);
-        let mut out = vec![0u8; rb * cells];
-        let mut row = vec![0f32; n];
-        for i in 0..cells {
-            row.copy_from_slice(&values[i * n..(i + 1) * n]);
-            hadamard_groups(&mut row, group);
-            quantize_row(ty, &row, &mut out[i * rb..(i + 1) * rb]);
-        }
-        self.ty = ty;
-        self.rows = out;
-        Ok(())
-    }
-}
 
 /// A retyping of one kind of one cache: the target type, the group its rows are stored rotated in
 /// now and the group the target type is stored rotated in (0: not rotated).
@@ -199,6 +110,29 @@ impl StateParts {
         self.seq_id = self.seq_id.map(f);
         for c in &mut self.caches {
             for s in &mut c.streams {
+                // two sequences renamed to one must not meet at a position (one sequence may
+                // hold a position twice: M-RoPE image tokens, llama_memory_seq_div)
+                let mut seen: Vec<(i32, i32, i32)> = s
+                    .cells
+                    .iter()
+                    .flat_map(|c| c.seqs.iter().map(|&q| (f(q), c.pos, q)))
+                    .collect();
+                seen.sort_unstable();
+                if let Some(w) = seen
+                    .windows(2)
+                    .find(|w| (w[0].0, w[0].1) == (w[1].0, w[1].1) && w[0].2 != w[1].2)
+                {
+                    return Err(err(
+                        "seq_id",
+                        "seq_id",
+                        "one cell per sequence and position after renaming (two sequences \
+                         renamed to one)",
+                        format!(
+                            "sequences {} and {} renamed to {} at position {}",
+                            w[0].2, w[1].2, w[0].0, w[0].1
+                        ),
+                    ));
+                }
                 for (i, cell) in s.cells.iter_mut().enumerate() {
                     let mut seqs: Vec<i32> = cell.seqs.iter().map(|&q| f(q)).collect();
                     seqs.sort_unstable();
@@ -211,21 +145,6 @@ impl StateParts {
                         ));
                     }
                     cell.seqs = seqs;
-                }
-                let mut seen: Vec<(i32, i32)> = s
-                    .cells
-                    .iter()
-                    .flat_map(|c| c.seqs.iter().map(|&q| (q, c.pos)))
-                    .collect();
-                seen.sort_unstable();
-                if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
-                    return Err(err(
-                        "seq_id",
-                        "seq_id",
-                        "one cell per sequence and position after renaming (two sequences \
-                         renamed to one)",
-                        format!("sequence {} twice at position {}", w[0].0, w[0].1),
-                    ));
                 }
             }
         }
@@ -300,6 +219,17 @@ impl StateParts {
         }
     }
 
+    /// In a sequence state, give the cells that list no sequence (the recurrent part's, every
+    /// cell of a build before mid-2025) the state's own sequence (the io header's, the one its
+    /// cells list, else 0), so that renaming and joining see every cell's sequence; written as a
+    /// sequence state again, those cells list none as before ([`StateParts::to_format`]).
+    pub fn own_sequence(&mut self) {
+        if self.format.is_sequence() {
+            let q = self.own_seq().unwrap_or(0);
+            self.own(q);
+        }
+    }
+
     /// Store V transposed (element-major, as llama.cpp without flash attention keeps it) or not
     /// (a row per cell, with flash attention), in every attention cache. Only f32, f16 and bf16 V
     /// can be transposed.
@@ -368,8 +298,7 @@ impl StateParts {
                     if rec.ty == r.ty && r.from_group == r.to_group {
                         continue;
                     }
-                    let vals = rec.values(r.from_group);
-                    rec.store(r.ty, &vals, r.to_group)?;
+                    rec.retype(r.ty, r.from_group, r.to_group)?;
                 }
             }
         }
@@ -451,6 +380,7 @@ impl StateParts {
             let q = self.own_seq().unwrap_or(0);
             self.own(q);
         } else {
+            check::one_sequence(self)?;
             if let Some((ci, _, i)) = self.shared_cell() {
                 return Err(err(
                     format!("cache {ci} cell {i} seq_id"),
@@ -465,14 +395,15 @@ impl StateParts {
             for c in &mut self.caches {
                 let recurrent = c.memory.is_recurrent();
                 for cell in c.streams.iter_mut().flat_map(|s| &mut s.cells) {
-                    if recurrent {
+                    if recurrent || !format.n_stream {
                         cell.seqs.clear();
-                    } else if format.n_stream && cell.seqs.is_empty() {
+                    } else if cell.seqs.is_empty() {
                         cell.seqs.push(q);
                     }
                 }
             }
         }
+        check::guarantees(self, format.is_sequence())?;
         if format.container == Container::RawSeq && format.io_magic && self.seq_id.is_none() {
             self.seq_id = Some(self.own_seq().unwrap_or(0));
         }
@@ -593,19 +524,6 @@ pub fn concat(parts: Vec<StateParts>, share: bool) -> Result<StateParts> {
     Ok(out)
 }
 
-fn seqs_of(p: &StateParts) -> Vec<i32> {
-    let mut v: Vec<i32> = p
-        .caches
-        .iter()
-        .flat_map(|c| &c.streams)
-        .flat_map(|s| &s.cells)
-        .flat_map(|c| c.seqs.iter().copied())
-        .collect();
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
 fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts, share: bool) -> Result<()> {
     let at = format!("state {n} cache {ci}");
     if a.memory != b.memory || a.streams.len() != b.streams.len() {
@@ -661,9 +579,9 @@ fn join_cache(n: usize, ci: usize, a: &mut CacheParts, b: CacheParts, share: boo
             shared_into(x, &mut y);
         }
         for (l, m) in x.layers.iter_mut().zip(y.layers) {
-            l.0.rows.extend(m.0.rows);
+            l.0.append(m.0);
             if let (Some(v), Some(w)) = (&mut l.1, m.1) {
-                v.rows.extend(w.rows);
+                v.append(w);
             }
         }
         x.cells.extend(y.cells);
@@ -743,13 +661,7 @@ mod tests {
         let vals: Vec<f32> = (0..n as usize * cells)
             .map(|i| (i % 17) as f32 - 8.0)
             .collect();
-        let mut r = Rows {
-            kind,
-            ty: GgmlType::F32,
-            n_embd: n,
-            rows: vec![],
-            at: 0,
-        };
+        let mut r = Rows::from_bytes(kind, GgmlType::F32, n, vec![], 0);
         r.store(ty, &vals, 0).unwrap();
         r
     }
@@ -797,8 +709,8 @@ mod tests {
             s.cells.iter().map(|c| c.pos).collect::<Vec<_>>(),
             vec![0, 2]
         );
-        assert_eq!(s.layers[0].0.row(1), &before[..]);
-        assert_eq!(s.layers[0].1.as_ref().unwrap().rows.len(), 2 * 128);
+        assert_eq!(&*s.layers[0].0.row(1), &before[..]);
+        assert_eq!(s.layers[0].1.as_ref().unwrap().byte_len(), 2 * 128);
         assert!(p.keep(&[vec![vec![true]]]).is_err());
     }
 
@@ -822,7 +734,7 @@ mod tests {
         let s = &j.caches[0].streams[0];
         assert_eq!(s.cells.len(), 4);
         assert_eq!(s.cells[3].seqs, vec![4]);
-        assert_eq!(s.layers[0].0.rows.len(), 4 * 128);
+        assert_eq!(s.layers[0].0.byte_len(), 4 * 128);
         assert!(j.rename(&[(1, 4)]).is_err()); // two sequences of one name
     }
 
@@ -839,7 +751,7 @@ mod tests {
         })
         .unwrap();
         let k = &p.caches[0].streams[0].layers[0].0;
-        assert_eq!((k.ty, k.rows.len()), (GgmlType::Q8_0, 2 * 68));
+        assert_eq!((k.ty, k.byte_len()), (GgmlType::Q8_0, 2 * 68));
         let back = k.values(64);
         let err: f32 = f16.iter().zip(&back).map(|(a, b)| (a - b).powi(2)).sum();
         let norm: f32 = f16.iter().map(|a| a * a).sum();
@@ -858,6 +770,51 @@ mod tests {
             Err(WriteError::Request { field, .. }) => field,
             other => panic!("expected a refused request, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn written_states_mean_what_llama_cpp_loads() {
+        // a sequence state of cells of two sequences: refused (llama.cpp makes them one)
+        let two = parts(&[&[0], &[1]]);
+        let e = two.clone().to_format(Format::newest(Container::Ggsq), None);
+        assert_eq!(refused(e), "container");
+        // a 2025 sequence state (cells list none) takes the sequence it is renamed to
+        let mut old = parts(&[&[], &[]]);
+        old.format = Format::newest(Container::Ggsq);
+        old.own_sequence();
+        old.rename(&[(0, 3)]).unwrap();
+        let mut whole = old.clone();
+        whole
+            .to_format(Format::newest(Container::RawState), None)
+            .unwrap();
+        assert_eq!(seqs_of(&whole), vec![3]);
+        // and lists none again as a sequence state of a build without n_stream
+        let mut f = Format::newest(Container::Ggsq);
+        f.n_stream = false;
+        old.to_format(f, None).unwrap();
+        assert!(old.caches[0].streams[0]
+            .cells
+            .iter()
+            .all(|c| c.seqs.is_empty()));
+        // one sequence may hold a position twice (M-RoPE, seq_div): renaming keeps both cells
+        let mut dup = parts(&[&[0], &[0]]);
+        dup.caches[0].streams[0].cells[1].pos = 0;
+        dup.rename(&[(0, 2)]).unwrap();
+        // two sequences renamed to one must not meet at a position
+        let mut meet = parts(&[&[0], &[1]]);
+        meet.caches[0].streams[0].cells[1].pos = 0;
+        assert_eq!(refused(meet.rename(&[(1, 0)])), "seq_id");
+        // an empty cache before one that holds cells: not what llama.cpp writes
+        let mut pair = parts(&[&[0], &[0]]);
+        pair.caches.push(pair.caches[0].clone());
+        pair.keep(&[vec![vec![false, false]], vec![]]).unwrap();
+        let e = pair.to_format(Format::newest(Container::RawState), None);
+        assert_eq!(refused(e), "keep");
+        // two recurrent cells of one sequence: llama.cpp's "duplicate tail"
+        let mut rec = parts(&[&[0], &[0]]);
+        rec.caches[0].memory = Memory::Recurrent { n_layer: 1 };
+        let e = rec.to_format(Format::newest(Container::RawState), None);
+        assert_eq!(refused(e), "seq_id");
     }
 
     #[test]

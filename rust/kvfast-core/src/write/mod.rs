@@ -1,7 +1,9 @@
 //! Writing states llama.cpp loads back: a state as owned parts and its bytes, and edits on the parts.
 
+pub mod check;
 pub mod edit;
 pub mod parts;
+pub mod rows;
 
 use crate::format::cells::MAX_SEQ;
 
@@ -35,6 +37,23 @@ impl From<std::io::Error> for WriteError {
 
 /// The writer's results.
 pub type Result<T> = std::result::Result<T, WriteError>;
+
+/// A request the writer cannot make: `what` it is about, in the argument `field`.
+pub(crate) fn err(
+    what: impl Into<String>,
+    field: impl Into<String>,
+    expected: impl Into<String>,
+    found: impl std::fmt::Display,
+) -> WriteError {
+    let (what, field) = (what.into(), field.into());
+    let expected = expected.into();
+    let message = if what == field {
+        format!("expected {expected}, found {found}")
+    } else {
+        format!("{what}: expected {expected}, found {found}")
+    };
+    WriteError::Request { field, message }
+}
 
 /// A sequence id llama.cpp takes (0 to LLAMA_MAX_SEQ - 1), as the `seq_id` a request gives.
 pub fn seq_id(id: i64) -> Result<i32> {

@@ -2,16 +2,19 @@
 //! kvfast reads. Edits on the parts are in [`super::edit`].
 //!
 //! The parts hold every field llama.cpp writes, so that writing the parts of a walked state with
-//! its own format gives back the state's bytes exactly. Rows are held cell-major (a transposed V
-//! record is gathered into one row per cell and scattered back, element-major, when written).
+//! its own format gives back the state's bytes exactly. The rows are not copied: each record's are
+//! read from the source's bytes as the state is written, with their edits ([`super::rows`]), so a
+//! write needs memory for the cells, not the rows.
 
 use std::io::Write;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::format::container::{GGSN_MAGIC, GGSQ_MAGIC, IO_MAGIC};
-use crate::format::layout::{Cache, Container, Kind, Layout, Memory, Record};
-use crate::format::types::GgmlType;
+use crate::format::layout::{Cache, Container, Layout, Memory, Record};
 use crate::write::WriteError;
+
+pub use crate::write::rows::{Rows, SourceBytes, Span};
 
 /// One cell: its position, its sequences (none in a per-sequence save of the recurrent part or of
 /// a 2025 build) and its extension (x, y[, tok]; empty when the cache keeps none).
@@ -20,30 +23,6 @@ pub struct Cell {
     pub pos: i32,
     pub seqs: Vec<i32>,
     pub ext: Vec<i32>,
-}
-
-/// One record: its kind, type, values per cell and the rows of every cell, cell-major.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Rows {
-    pub kind: Kind,
-    pub ty: GgmlType,
-    pub n_embd: u64,
-    pub rows: Vec<u8>,
-    /// Offset of the record's header in the source (for errors).
-    pub at: u64,
-}
-
-impl Rows {
-    /// Bytes of one cell's row.
-    pub fn row_bytes(&self) -> usize {
-        self.ty.row_bytes(self.n_embd).unwrap_or(0) as usize
-    }
-
-    /// The row of cell `i`.
-    pub fn row(&self, i: usize) -> &[u8] {
-        let rb = self.row_bytes();
-        &self.rows[i * rb..(i + 1) * rb]
-    }
 }
 
 /// One stream: its cells, then (when it has cells) v_trans and the records of its layers.
@@ -70,9 +49,9 @@ pub struct CacheParts {
 pub struct OutputParts {
     pub output_pos: Vec<i32>,
     /// f32 logits, as stored.
-    pub logits: Vec<u8>,
+    pub logits: Span,
     /// f32 embeddings, as stored.
-    pub embd: Vec<u8>,
+    pub embd: Span,
 }
 
 /// The containers the writer writes and the versions of each it writes (raw bytes have none).
@@ -158,8 +137,9 @@ impl Format {
                     ),
                 ))
             }
-            Some(2) => {
-                f.version = Some(2);
+            // GGSQ 2 and GGSN 9 are the builds before August 2026, whose cell extension is x, y
+            Some(v @ (2 | 9)) => {
+                f.version = Some(v);
                 f.ext_bytes = 8;
             }
             Some(v) => f.version = Some(v),
@@ -202,35 +182,32 @@ fn i32s(b: &[u8]) -> Vec<i32> {
         .collect()
 }
 
-/// The rows of a record, cell-major (a transposed record's elements gathered per cell).
-fn rows_of(buf: &[u8], rec: &Record, cells: usize) -> Result<Rows> {
-    let data = slice(buf, rec.data_offset, rec.data_len)?;
-    // (no row at all: a state whose rows stayed on the device)
-    let rows = if rec.transposed && !data.is_empty() {
-        let el = rec.ty.block_bytes();
-        let n = rec.n_embd as usize;
-        let mut out = vec![0u8; data.len()];
-        for j in 0..n {
-            for i in 0..cells {
-                let src = (j * cells + i) * el;
-                let dst = (i * n + j) * el;
-                out[dst..dst + el].copy_from_slice(&data[src..src + el]);
-            }
-        }
-        out
-    } else {
-        data.to_vec()
-    };
-    Ok(Rows {
-        kind: rec.kind,
-        ty: rec.ty,
-        n_embd: rec.n_embd,
-        rows,
-        at: rec.header_offset,
-    })
+/// The rows of a record, read from `src` when written.
+fn rows_of(src: &SourceBytes, rec: &Record, cells: usize, on_device: bool) -> Result<Rows> {
+    // no row at all: a state whose rows stayed on the device (LLAMA_STATE_SEQ_FLAGS_ON_DEVICE)
+    let cells = if on_device { 0 } else { cells };
+    let rows = Rows::from_source(
+        rec.kind,
+        rec.ty,
+        rec.n_embd,
+        src.clone(),
+        rec.data_offset,
+        cells,
+        rec.transposed,
+        rec.header_offset,
+    )?;
+    if rows.byte_len() as u64 != rec.data_len {
+        return Err(Error::format(
+            format!("{} record rows", rec.kind),
+            rec.header_offset as usize,
+            format!("{cells} rows of {} bytes", rows.row_bytes()),
+            format!("{} bytes", rec.data_len),
+        ));
+    }
+    Ok(rows)
 }
 
-fn cache_parts(buf: &[u8], cache: &Cache) -> Result<CacheParts> {
+fn cache_parts(src: &SourceBytes, cache: &Cache, on_device: bool) -> Result<CacheParts> {
     let mut streams = Vec::with_capacity(cache.streams.len());
     for s in &cache.streams {
         let n = s.cell_count as usize;
@@ -245,8 +222,11 @@ fn cache_parts(buf: &[u8], cache: &Cache) -> Result<CacheParts> {
             .collect();
         let mut layers = Vec::with_capacity(s.layers.len());
         for l in &s.layers {
-            let k = rows_of(buf, &l.k, n)?;
-            let v = l.v.as_ref().map(|v| rows_of(buf, v, n)).transpose()?;
+            let k = rows_of(src, &l.k, n, on_device)?;
+            let v =
+                l.v.as_ref()
+                    .map(|v| rows_of(src, v, n, on_device))
+                    .transpose()?;
             layers.push((k, v));
         }
         streams.push(StreamParts {
@@ -264,8 +244,16 @@ fn cache_parts(buf: &[u8], cache: &Cache) -> Result<CacheParts> {
 }
 
 impl StateParts {
-    /// The parts of a walked state (`buf` its bytes, `layout` their walk).
+    /// The parts of a walked state (`buf` its bytes, `layout` their walk), the bytes copied once
+    /// (see [`StateParts::from_source`], which does not copy them).
     pub fn from_layout(buf: &[u8], layout: &Layout) -> Result<StateParts> {
+        StateParts::from_source(Arc::new(buf.to_vec()), layout)
+    }
+
+    /// The parts of a walked state (`src` its bytes, `layout` their walk): the rows and the
+    /// outputs block are read from `src` when written, never copied.
+    pub fn from_source(src: SourceBytes, layout: &Layout) -> Result<StateParts> {
+        let buf: &[u8] = (*src).as_ref();
         let token_words = match layout.prefix.iter().find(|r| r.what == "tokens") {
             Some(r) => Some(i32s(slice(buf, r.offset, r.nbytes)?)),
             None => None,
@@ -273,15 +261,15 @@ impl StateParts {
         let outputs = match &layout.outputs {
             Some(o) => Some(OutputParts {
                 output_pos: o.output_pos.clone(),
-                logits: slice(buf, o.logits_offset, o.n_logits * 4)?.to_vec(),
-                embd: slice(buf, o.embd_offset, o.n_embd * 4)?.to_vec(),
+                logits: Span::of(&src, o.logits_offset, o.n_logits * 4, "logits")?,
+                embd: Span::of(&src, o.embd_offset, o.n_embd * 4, "embeddings")?,
             }),
             None => None,
         };
         let caches = layout
             .caches
             .iter()
-            .map(|c| cache_parts(buf, c))
+            .map(|c| cache_parts(&src, c, layout.rows_on_device))
             .collect::<Result<Vec<_>>>()?;
         Ok(StateParts {
             format: Format::of(layout),
@@ -343,15 +331,15 @@ impl StateParts {
             if f.outputs {
                 let empty = OutputParts {
                     output_pos: vec![],
-                    logits: vec![],
-                    embd: vec![],
+                    logits: Span::empty(),
+                    embd: Span::empty(),
                 };
                 let o = self.outputs.as_ref().unwrap_or(&empty);
                 words(w, &o.output_pos)?;
                 w.write_all(&(o.logits.len() as u64 / 4).to_le_bytes())?;
-                w.write_all(&o.logits)?;
+                w.write_all(o.logits.bytes())?;
                 w.write_all(&(o.embd.len() as u64 / 4).to_le_bytes())?;
-                w.write_all(&o.embd)?;
+                w.write_all(o.embd.bytes())?;
             }
         }
         for (ci, c) in self.caches.iter().enumerate() {
@@ -419,33 +407,21 @@ fn write_cache(w: &mut impl Write, f: Format, ci: usize, c: &CacheParts) -> Resu
 fn write_rows(w: &mut impl Write, r: &Rows, cells: usize, transposed: bool) -> Result<()> {
     w.write_all(&r.ty.id().to_le_bytes())?;
     let rb = r.row_bytes();
-    if r.rows.len() != rb * cells {
+    if r.cells() != cells {
         return Err(Error::format(
             format!("{} record rows", r.kind),
             r.at as usize,
             format!("{cells} rows of {rb} bytes"),
-            format!("{} bytes", r.rows.len()),
+            format!("{} rows", r.cells()),
         ));
     }
-    if !transposed {
+    if transposed {
+        w.write_all(&(r.ty.block_bytes() as u32).to_le_bytes())?;
+        w.write_all(&(r.n_embd as u32).to_le_bytes())?;
+    } else {
         w.write_all(&(rb as u64).to_le_bytes())?;
-        w.write_all(&r.rows)?;
-        return Ok(());
     }
-    let el = r.ty.block_bytes();
-    w.write_all(&(el as u32).to_le_bytes())?;
-    w.write_all(&(r.n_embd as u32).to_le_bytes())?;
-    let n = r.n_embd as usize;
-    let mut out = vec![0u8; r.rows.len()];
-    for i in 0..cells {
-        for j in 0..n {
-            let src = (i * n + j) * el;
-            let dst = (j * cells + i) * el;
-            out[dst..dst + el].copy_from_slice(&r.rows[src..src + el]);
-        }
-    }
-    w.write_all(&out)?;
-    Ok(())
+    r.write_rows(w, transposed)
 }
 
 #[cfg(test)]
@@ -487,9 +463,9 @@ mod tests {
             let v = parts.caches[0].streams[0].layers[0].1.as_ref().unwrap();
             if t {
                 // element 0 of both cells, then element 1: cell 0's row is elements (9 10, 13 14)
-                assert_eq!(v.row(0), &[9, 10, 13, 14]);
+                assert_eq!(&*v.row(0), &[9, 10, 13, 14]);
             } else {
-                assert_eq!(v.row(0), &[9, 10, 11, 12]);
+                assert_eq!(&*v.row(0), &[9, 10, 11, 12]);
             }
         }
     }

@@ -1,0 +1,184 @@
+"""Query vectors beside a state: the file format the probe runner writes, and :class:`Queries`.
+
+A capture of one sequence is two files beside its state (``OUT/<id>.ggsq``):
+
+- ``<id>.queries.npy``: float32, C order, ``[rows, row_len]`` (NumPy's ``.npy``, version 1): a row
+  per captured token; a row is the concatenation of the attention layers' blocks, each block
+  ``n_head`` query heads of ``head_dim`` values, head-major;
+- ``<id>.queries.json``: the sidecar (``format: "kvfast-queries"``, ``version: 1``): ``values`` (the
+  .npy's name), ``shape``, ``basis`` (what the vectors are), ``model`` (the GGUF), ``state``,
+  ``prompt_id``, ``rows`` (per row: ``pos``, ``seq``, ``token``, ``generated``) and ``layers`` (per
+  attention layer: ``model_layer``, ``offset`` in the row, ``n_head``, ``head_dim``, the window,
+  and what llama.cpp's graph showed: ``llama_scale`` (the scale of q . k it applied to these
+  vectors: ``kq_scale`` times ``q_prescale``), ``softcap``, ``rotation`` (the Hadamard group undone,
+  0: none), ``sinks`` (learned sink logits per head, or null), ``flash_attn``,
+  ``positions_checked``).
+
+The probe manifest's ``queries`` column names each state's sidecar. :meth:`Queries.load` maps the
+values (nothing is read until used); :meth:`Queries.from_arrays` makes queries of one's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+FORMAT = "kvfast-queries"
+VERSION = 1
+#: What the captured vectors are.
+BASIS = (
+    "the query operand of llama.cpp's attention op in each layer, after RoPE, in the model's basis "
+    "(a quantized cache's Hadamard rotation undone with the graph's own matrix) and before the "
+    "attention scale (a query scaling the model does in its graph divided out): the keys kvfast "
+    "gives (RoPE applied, rotation undone) pair with it as scale * q . k"
+)
+
+
+def values_name(prompt_id: str) -> str:
+    return f"{prompt_id}.queries.npy"
+
+
+def sidecar_name(values: Path) -> str:
+    return values.name.removesuffix(".npy") + ".json"
+
+
+@dataclass(frozen=True)
+class QueryLayer:
+    """Where one attention layer's query heads lie in a row, and what llama.cpp applied."""
+
+    model_layer: int
+    offset: int
+    n_head: int
+    head_dim: int
+    #: The scale llama.cpp applied to q . k for these vectors (None: not recorded).
+    llama_scale: float | None = None
+    #: Learned sink logits per head, as llama.cpp's softmax added them (None: none).
+    sinks: list[float] | None = None
+    info: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass
+class Queries:
+    """Query vectors of some tokens: ``values[row, layer.offset:...]`` is the layer's heads."""
+
+    values: npt.NDArray[np.float32]
+    pos: npt.NDArray[np.int32]
+    seq: npt.NDArray[np.int32]
+    layers: list[QueryLayer]
+    #: The GGUF model they were captured with (None: not known).
+    model: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.pos)
+        if self.values.ndim != 2 or self.values.shape[0] != n or len(self.seq) != n:
+            raise ValueError(
+                f"queries: values of shape {self.values.shape} for {n} positions and {len(self.seq)} sequences"
+            )
+        for lay in self.layers:
+            if lay.offset < 0 or lay.offset + lay.n_head * lay.head_dim > self.values.shape[1]:
+                raise ValueError(
+                    f"queries: model layer {lay.model_layer} lies outside rows of {self.values.shape[1]}"
+                )
+
+    @property
+    def row_len(self) -> int:
+        return int(self.values.shape[1])
+
+    def layer(self, model_layer: int) -> npt.NDArray[np.float32]:
+        """One layer's queries, ``[rows, n_head, head_dim]`` (a view)."""
+        lay = next((x for x in self.layers if x.model_layer == model_layer), None)
+        if lay is None:
+            raise KeyError(f"no queries of model layer {model_layer}")
+        block = self.values[:, lay.offset : lay.offset + lay.n_head * lay.head_dim]
+        return block.reshape(len(self.pos), lay.n_head, lay.head_dim)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Queries:
+        """Queries from a sidecar (``<id>.queries.json``); the values are memory-mapped."""
+        p = Path(path)
+        side = json.loads(p.read_text())
+        if side.get("format") != FORMAT or side.get("version") != VERSION:
+            raise ValueError(f"{p}: not a kvfast queries sidecar of version {VERSION}")
+        values = np.load(p.with_name(side["values"]), mmap_mode="r")
+        if values.dtype != np.float32 or list(values.shape) != list(side["shape"]):
+            raise ValueError(
+                f"{p}: its values are {values.dtype} {values.shape}, the sidecar says {side['shape']}"
+            )
+        rows = side["rows"]
+        layers = [
+            QueryLayer(
+                int(x["model_layer"]),
+                int(x["offset"]),
+                int(x["n_head"]),
+                int(x["head_dim"]),
+                x.get("llama_scale"),
+                x.get("sinks"),
+                info=x,
+            )
+            for x in side["layers"]
+        ]
+        return cls(
+            values,
+            np.asarray(rows["pos"], dtype=np.int32),
+            np.asarray(rows["seq"], dtype=np.int32),
+            layers,
+            side.get("model"),
+            side,
+        )
+
+    @classmethod
+    def from_arrays(
+        cls,
+        layers: dict[int, npt.ArrayLike],
+        pos: npt.ArrayLike,
+        seq: npt.ArrayLike | int = 0,
+        model: str | None = None,
+    ) -> Queries:
+        """Queries of one's own: per model layer an array ``[rows, n_head, head_dim]`` (after RoPE,
+        in the model's basis, before the scale), the rows' positions and sequences."""
+        p = np.asarray(pos, dtype=np.int32).reshape(-1)
+        s = np.broadcast_to(np.asarray(seq, dtype=np.int32), p.shape).copy()
+        blocks, parts, off = [], [], 0
+        for il in sorted(layers):
+            a = np.asarray(layers[il], dtype=np.float32)
+            if a.ndim != 3 or a.shape[0] != len(p):
+                raise ValueError(
+                    f"model layer {il}: expected [rows={len(p)}, n_head, head_dim], got {a.shape}"
+                )
+            blocks.append(QueryLayer(il, off, a.shape[1], a.shape[2]))
+            parts.append(a.reshape(len(p), -1))
+            off += a.shape[1] * a.shape[2]
+        values = (
+            np.ascontiguousarray(np.concatenate(parts, axis=1))
+            if parts
+            else np.zeros((len(p), 0), np.float32)
+        )
+        return cls(values, p, s, blocks, model)
+
+    def to_polars(self) -> pl.DataFrame:
+        """One row per (model layer, head, query row): model_layer, head, pos, seq_id, q (float32
+        array of head_dim)."""
+        frames = []
+        for lay in self.layers:
+            q = self.layer(lay.model_layer)
+            n, h, d = q.shape
+            frames.append(
+                pl.DataFrame(
+                    {
+                        "model_layer": np.full(n * h, lay.model_layer, np.uint16),
+                        "head": np.tile(np.arange(h, dtype=np.uint16), n),
+                        "pos": np.repeat(self.pos, h),
+                        "seq_id": np.repeat(self.seq, h).astype(np.uint8),
+                        "q": np.ascontiguousarray(q.reshape(n * h, d)),
+                    }
+                )
+            )
+        return pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame()

@@ -1,0 +1,276 @@
+//! What B loses against A, row by row (a head of a cell) and summed over many rows: the sums
+//! behind the error columns that `quant_error` (A a state, B its quantize round trip) and
+//! `compare` (B another state) share, and those columns.
+//!
+//! Both give, per group of rows, `rows` (rows summed), `count` (values), `mse`, `max_abs`, the
+//! pooled `rel` = ||B - A|| / ||A|| and `cosine` over every value of the group together, and the
+//! per-row `rel_mean`, `rel_max`, `cosine_mean`, `cosine_min` over the rows where they are defined
+//! (a row of A that is all zeros has no relative error, a zero row on either side no cosine).
+
+use crate::plan::columns::{Table, Values};
+
+/// What one row (one head of one cell) of A loses against B: the sums over its values.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RowLoss {
+    /// Values in the row.
+    pub n: u64,
+    /// Sum of (a - b)^2.
+    pub se: f64,
+    pub max_abs: f64,
+    /// Sums of a^2, b^2 and a * b.
+    pub aa: f64,
+    pub bb: f64,
+    pub ab: f64,
+}
+
+/// ||a - b|| / ||a|| from the sums; NaN where ||a|| = 0 (no relative error of a zero row).
+pub fn rel_of(se: f64, aa: f64) -> f64 {
+    if aa > 0.0 {
+        (se / aa).sqrt()
+    } else {
+        f64::NAN
+    }
+}
+
+/// a . b / (||a|| ||b||) from the sums; NaN where either norm is 0 (no angle to a zero row).
+pub fn cosine_of(aa: f64, bb: f64, ab: f64) -> f64 {
+    if aa > 0.0 && bb > 0.0 {
+        ab / (aa.sqrt() * bb.sqrt())
+    } else {
+        f64::NAN
+    }
+}
+
+impl RowLoss {
+    pub fn rel(&self) -> f64 {
+        rel_of(self.se, self.aa)
+    }
+
+    pub fn cosine(&self) -> f64 {
+        cosine_of(self.aa, self.bb, self.ab)
+    }
+}
+
+/// The sums of many rows' losses (`RowLoss`), per head or per layer: pooled (`count` values: the
+/// squared errors and products summed over every value) and per row (`rows` rows: the sum, max
+/// and min of each row's relative error and cosine, over the rows where they are defined, so that
+/// the means `rel_mean` and `cosine_mean` are per-cell means).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossSums {
+    pub count: u64,
+    pub se: f64,
+    pub max_abs: f64,
+    pub aa: f64,
+    pub bb: f64,
+    pub ab: f64,
+    pub rows: u64,
+    /// Rows with a relative error (||a|| > 0), their sum and maximum.
+    pub rel_rows: u64,
+    pub rel_sum: f64,
+    pub rel_max: f64,
+    /// Rows with a cosine (both norms > 0), their sum and minimum.
+    pub cos_rows: u64,
+    pub cos_sum: f64,
+    pub cos_min: f64,
+}
+
+impl Default for LossSums {
+    fn default() -> Self {
+        LossSums {
+            count: 0,
+            se: 0.0,
+            max_abs: 0.0,
+            aa: 0.0,
+            bb: 0.0,
+            ab: 0.0,
+            rows: 0,
+            rel_rows: 0,
+            rel_sum: 0.0,
+            rel_max: f64::NAN,
+            cos_rows: 0,
+            cos_sum: 0.0,
+            cos_min: f64::NAN,
+        }
+    }
+}
+
+impl LossSums {
+    /// Add one row's loss.
+    pub fn add_row(&mut self, r: &RowLoss) {
+        self.count += r.n;
+        self.se += r.se;
+        self.max_abs = self.max_abs.max(r.max_abs);
+        self.aa += r.aa;
+        self.bb += r.bb;
+        self.ab += r.ab;
+        self.rows += 1;
+        let rel = r.rel();
+        if !rel.is_nan() {
+            self.rel_rows += 1;
+            self.rel_sum += rel;
+            self.rel_max = self.rel_max.max(rel); // f64::max of NaN and x is x
+        }
+        let cos = r.cosine();
+        if !cos.is_nan() {
+            self.cos_rows += 1;
+            self.cos_sum += cos;
+            self.cos_min = self.cos_min.min(cos);
+        }
+    }
+
+    pub fn merge(&mut self, o: &LossSums) {
+        self.count += o.count;
+        self.se += o.se;
+        self.max_abs = self.max_abs.max(o.max_abs);
+        self.aa += o.aa;
+        self.bb += o.bb;
+        self.ab += o.ab;
+        self.rows += o.rows;
+        self.rel_rows += o.rel_rows;
+        self.rel_sum += o.rel_sum;
+        self.rel_max = self.rel_max.max(o.rel_max);
+        self.cos_rows += o.cos_rows;
+        self.cos_sum += o.cos_sum;
+        self.cos_min = self.cos_min.min(o.cos_min);
+    }
+
+    /// The mean squared error over every value.
+    pub fn mse(&self) -> f64 {
+        self.se / self.count as f64
+    }
+
+    /// Pooled: ||B - A|| / ||A|| over every value (the Frobenius norms of the rows together).
+    pub fn rel(&self) -> f64 {
+        rel_of(self.se, self.aa)
+    }
+
+    /// Pooled: the cosine of A and B as vectors of every value.
+    pub fn cosine(&self) -> f64 {
+        cosine_of(self.aa, self.bb, self.ab)
+    }
+
+    /// The mean of the rows' relative errors (NaN when no row has one).
+    pub fn rel_mean(&self) -> f64 {
+        if self.rel_rows == 0 {
+            f64::NAN
+        } else {
+            self.rel_sum / self.rel_rows as f64
+        }
+    }
+
+    /// The mean of the rows' cosines (NaN when no row has one).
+    pub fn cosine_mean(&self) -> f64 {
+        if self.cos_rows == 0 {
+            f64::NAN
+        } else {
+            self.cos_sum / self.cos_rows as f64
+        }
+    }
+}
+
+/// The error columns of `LossSums` rows, in their order.
+#[derive(Debug, Default)]
+pub struct LossColumns {
+    rows: Vec<u64>,
+    count: Vec<u64>,
+    f: [Vec<f64>; 8],
+}
+
+/// The names of `LossColumns`' float columns, in order.
+pub const LOSS_NAMES: [&str; 8] = [
+    "mse",
+    "max_abs",
+    "rel",
+    "cosine",
+    "rel_mean",
+    "rel_max",
+    "cosine_mean",
+    "cosine_min",
+];
+
+impl LossColumns {
+    pub fn push(&mut self, s: &LossSums) {
+        self.rows.push(s.rows);
+        self.count.push(s.count);
+        let values = [
+            s.mse(),
+            s.max_abs,
+            s.rel(),
+            s.cosine(),
+            s.rel_mean(),
+            s.rel_max,
+            s.cosine_mean(),
+            s.cos_min,
+        ];
+        for (col, v) in self.f.iter_mut().zip(values) {
+            col.push(v);
+        }
+    }
+
+    /// rows, count, then `LOSS_NAMES`.
+    pub fn write(self, out: &mut Table) {
+        out.push("rows", Values::U64(self.rows));
+        out.push("count", Values::U64(self.count));
+        for (name, col) in LOSS_NAMES.into_iter().zip(self.f) {
+            out.push(name, Values::F64(col));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(a: &[f64], b: &[f64]) -> RowLoss {
+        let mut r = RowLoss {
+            n: a.len() as u64,
+            ..RowLoss::default()
+        };
+        for (&x, &y) in a.iter().zip(b) {
+            r.se += (x - y) * (x - y);
+            r.max_abs = r.max_abs.max((x - y).abs());
+            r.aa += x * x;
+            r.bb += y * y;
+            r.ab += x * y;
+        }
+        r
+    }
+
+    #[test]
+    fn pooled_and_per_row_differ_as_they_should() {
+        // a large row with a small error and a small row with a large one: the pooled relative
+        // error is dominated by the large row, the per-row mean is not
+        let (r1, r2) = (
+            row(&[10.0, 0.0], &[10.1, 0.0]),
+            row(&[0.1, 0.0], &[0.2, 0.0]),
+        );
+        let mut s = LossSums::default();
+        s.add_row(&r1);
+        s.add_row(&r2);
+        assert_eq!((s.rows, s.count), (2, 4));
+        assert!((s.rel() - (0.02f64 / 100.01).sqrt()).abs() < 1e-12);
+        assert!((s.rel_mean() - (0.01 + 1.0) / 2.0).abs() < 1e-12);
+        assert!((s.rel_max - 1.0).abs() < 1e-12);
+        assert!((s.mse() - 0.02 / 4.0).abs() < 1e-12);
+        let mut halves = LossSums::default();
+        halves.add_row(&r1);
+        let mut other = LossSums::default();
+        other.add_row(&r2);
+        halves.merge(&other);
+        assert_eq!(halves, s);
+    }
+
+    #[test]
+    fn zero_rows_count_but_have_no_relative_error_or_cosine() {
+        let mut s = LossSums::default();
+        s.add_row(&row(&[0.0, 0.0], &[0.0, 0.0]));
+        assert!(s.rel().is_nan() && s.rel_mean().is_nan() && s.rel_max.is_nan());
+        assert!(s.cosine().is_nan() && s.cosine_mean().is_nan() && s.cos_min.is_nan());
+        s.add_row(&row(&[1.0, 0.0], &[0.0, 0.0])); // B zero: a relative error of 1, no cosine
+        assert_eq!((s.rows, s.rel_rows, s.cos_rows), (2, 1, 0));
+        assert_eq!((s.rel(), s.rel_mean(), s.rel_max), (1.0, 1.0, 1.0));
+        s.add_row(&row(&[1.0, 1.0], &[1.0, 1.0]));
+        assert_eq!(s.cos_rows, 1);
+        assert!((s.cos_min - 1.0).abs() < 1e-12);
+    }
+}

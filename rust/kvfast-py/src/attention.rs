@@ -1,0 +1,147 @@
+//! Attention over an opened state (kvfast-core's `attention`): the model's attention layers as
+//! kvfast reads them, and a pass of query vectors over the cache, computed with the GIL released.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use kvfast_core::attention::params::LayerAttn;
+use kvfast_core::attention::pass::{run, Block, Incomplete, Queries, Reduce, Request};
+use kvfast_core::model::geometry::Model;
+use kvfast_core::Kind;
+use pyo3::buffer::{Element, PyBuffer};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::columns::stream;
+use crate::errors::{Error, Result};
+use crate::state::PyState;
+use crate::stream::ArrowStream;
+
+/// The attention layers of a model, as kvfast computes their softmax: per layer a dict of
+/// model_layer, n_head, n_head_kv, head_dim, scale, softcap, window (its kind) and window_size.
+#[pyfunction]
+pub fn attention_layers<'py>(py: Python<'py>, model: PathBuf) -> Result<Vec<Bound<'py, PyDict>>> {
+    let m = py.detach(|| Model::read(&model))?;
+    let layers = LayerAttn::of_model(&m).map_err(Error::Model)?;
+    let mut out = vec![];
+    for l in layers {
+        let d = PyDict::new(py);
+        d.set_item("model_layer", l.model_layer)?;
+        d.set_item("n_head", l.n_head)?;
+        d.set_item("n_head_kv", l.n_head_kv)?;
+        d.set_item("head_dim", l.head_dim)?;
+        d.set_item("scale", l.scale)?;
+        d.set_item("softcap", l.softcap)?;
+        d.set_item("window", l.window.kind())?;
+        d.set_item("window_size", l.window.size())?;
+        out.push(d);
+    }
+    Ok(out)
+}
+
+/// A C-contiguous buffer's items, borrowed for as long as the buffer is held.
+fn items<'a, T: Element>(buf: &'a PyBuffer<T>, what: &str) -> Result<&'a [T]> {
+    if buf.item_count() == 0 {
+        return Ok(&[]);
+    }
+    let ptr = buf.as_slice_ptr().ok_or_else(|| {
+        Error::Python(pyo3::exceptions::PyValueError::new_err(format!(
+            "{what} must be C-contiguous"
+        )))
+    })?;
+    // SAFETY: the buffer is held (and so its memory kept) for as long as the borrow of `buf`;
+    // the caller (kvfast.attn) hands read-only arrays, which nothing writes while a pass runs.
+    Ok(unsafe { &*ptr.as_ptr() })
+}
+
+/// A pass of queries over `state`'s cache: `what` is "weights", "mass", "entropy" or "top_k"
+/// (`k` cells). `values`: float32 rows of `row_len` values, `pos` / `seq` (int32) per row;
+/// `blocks`: (model_layer, offset, n_head, head_dim) of each layer's heads in a row; `scale`,
+/// `sinks`: per model layer, in place of the model's.
+#[pyfunction]
+#[pyo3(signature = (state, model, values, row_len, pos, seq, blocks, what, k=0, layers=None, heads=None, scale=None, sinks=None, incomplete="error", chunk=64))]
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    py: Python<'_>,
+    state: &PyState,
+    model: PathBuf,
+    values: PyBuffer<f32>,
+    row_len: usize,
+    pos: PyBuffer<i32>,
+    seq: PyBuffer<i32>,
+    blocks: Vec<(u32, usize, usize, usize)>,
+    what: &str,
+    k: usize,
+    layers: Option<Vec<u32>>,
+    heads: Option<Vec<u32>>,
+    scale: Option<HashMap<u32, f64>>,
+    sinks: Option<HashMap<u32, Vec<f64>>>,
+    incomplete: &str,
+    chunk: usize,
+) -> Result<ArrowStream> {
+    let what = match what {
+        "weights" => Reduce::Weights,
+        "mass" => Reduce::Mass,
+        "entropy" => Reduce::Entropy,
+        "top_k" => Reduce::TopK(k),
+        other => {
+            return Err(Error::Python(pyo3::exceptions::PyValueError::new_err(
+                format!("what must be 'weights', 'mass', 'entropy' or 'top_k', not {other:?}"),
+            )))
+        }
+    };
+    let incomplete = match incomplete {
+        "error" => Incomplete::Error,
+        "skip" => Incomplete::Skip,
+        other => {
+            return Err(Error::Python(pyo3::exceptions::PyValueError::new_err(
+                format!("incomplete must be 'error' or 'skip', not {other:?}"),
+            )))
+        }
+    };
+    let sf = state.get()?;
+    let sel = sf.selection(None, None, vec![Kind::K], None);
+    state.ready(py, &sf, &sel)?; // a remote state fetches its K rows first
+    let m = py.detach(|| Model::read(&model))?;
+    let mut attn = LayerAttn::of_model(&m).map_err(Error::Model)?;
+    for l in &mut attn {
+        if let Some(s) = scale.as_ref().and_then(|s| s.get(&l.model_layer)) {
+            l.scale = *s;
+        }
+        if let Some(s) = sinks.as_ref().and_then(|s| s.get(&l.model_layer)) {
+            l.sinks = Some(s.clone());
+        }
+    }
+    let blocks: Vec<Block> = blocks
+        .into_iter()
+        .map(|(model_layer, offset, n_head, head_dim)| Block {
+            model_layer,
+            offset,
+            n_head,
+            head_dim,
+        })
+        .collect();
+    let (values, pos, seq) = (
+        items(&values, "values")?,
+        items(&pos, "pos")?,
+        items(&seq, "seq")?,
+    );
+    py.detach(|| {
+        let req = Request {
+            opened: &sf,
+            layers: &attn,
+            queries: Queries {
+                values,
+                row_len,
+                pos,
+                seq,
+                blocks: &blocks,
+            },
+            model_layers: layers.as_deref(),
+            heads: heads.as_deref(),
+            incomplete,
+            chunk,
+        };
+        Ok(stream(run(&req, what)?))
+    })
+}
