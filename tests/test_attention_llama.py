@@ -210,3 +210,11 @@ def test_probe_run_captures_the_last_window_and_generated_tokens(tmp_path: Path)
             np.testing.assert_allclose(per, 5.0, rtol=1e-9)
     with pytest.raises(ValueError, match="queries must be a positive window"):
         probe.run(MODELS / "tiny-gemma3-attn.gguf", prompts, tmp_path / "x", queries=0, progress=False)
+
+
+def test_a_capture_that_misses_rows_says_so() -> None:
+    """end() after a decode whose attention took fewer tokens than it was given (here: none)."""
+    cap = Capture(_kvfast.attention_layers(MODELS / "tiny-qwen3.gguf"))
+    cap.begin([(0, 0), (1, 0)], [0, 1], None)
+    with pytest.raises(RuntimeError, match=r"model layers \[0, 1\] took \[0\] of the decode's 2 tokens"):
+        cap.end()

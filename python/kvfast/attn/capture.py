@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from kvfast.attn.graph import CACHE_K, K_ROT, Ggml, Node
+from kvfast.attn.graph import CACHE_K, GGML_TYPE_I32, K_ROT, Ggml, Node
 from kvfast.attn.queries import BASIS, FORMAT, VERSION, sidecar_name, values_name
 
 
@@ -243,7 +243,8 @@ class Capture:
             )
         self._cursor[il] = start + ns * nt
         rope = g.find(p, "ROPE")
-        if rope is not None and (pos := rope.src(1)) is not None:
+        pos = None if rope is None else rope.src(1)
+        if pos is not None and pos.t.type == GGML_TYPE_I32 and not pos.t.view_src:
             got = g.ints(pos)[: ns * nt]
             if got.tolist() != [r[0] for r in rows]:
                 raise RuntimeError(

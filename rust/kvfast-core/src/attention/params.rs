@@ -115,6 +115,10 @@ pub const READS_ATTENTION_SCALE: [&str; 6] = [
 /// head size, or of embedding / heads for the 27B models of `n_layer` layers).
 pub const GEMMA_SCALE: [(&str, usize); 2] = [("gemma2", 46), ("gemma3", 62)];
 
+/// Archs of sparse attention (a lightning indexer's top-k cells unmasked: llama-graph.cpp's
+/// `build_attn` with `kq_mask_top_k`), whose weights kvfast does not compute.
+pub const SPARSE: [&str; 5] = ["deepseek32", "dots3note", "glm-dsa", "glm5-next", "hy_v4"];
+
 /// Archs of MLA attention (`hparams.is_mla()` in their graph): the scale is over `key_length_mla`.
 pub const MLA: [&str; 7] = [
     "deepseek2",
@@ -173,6 +177,15 @@ impl LayerAttn {
                     format!("{a} uses ALiBi (max_alibi_bias {b}): kvfast does not compute its attention"),
                 ));
             }
+        }
+        if SPARSE.contains(&a) {
+            return Err(bad(
+                "general.architecture".into(),
+                format!(
+                    "{a} attends to the cells its lightning indexer picks (DeepSeek sparse attention): \
+                     kvfast does not compute its attention"
+                ),
+            ));
         }
         if a == "grok" {
             return Err(bad(
@@ -351,6 +364,9 @@ mod tests {
         kvs.push(("attention.max_alibi_bias", Value::Float(8.0)));
         let e = LayerAttn::of_model(&model("bloom", &kvs)).unwrap_err();
         assert_eq!(e.field(), Some("bloom.attention.max_alibi_bias"));
+        kvs.pop();
+        let e = LayerAttn::of_model(&model("glm-dsa", &kvs)).unwrap_err();
+        assert!(e.to_string().contains("lightning indexer"), "{e}");
         let e = LayerAttn::of_model(&model(
             "gemma3",
             &[

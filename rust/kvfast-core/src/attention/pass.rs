@@ -638,3 +638,89 @@ pub fn run(req: &Request, what: Reduce) -> Result<Vec<Table>, AttnError> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::geometry::Model;
+    use crate::open::OpenOptions;
+    use crate::values::rotation_decide::Mode;
+    use crate::{State, WalkOptions};
+    use std::path::Path;
+
+    fn opened() -> (Opened, Vec<LayerAttn>) {
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data");
+        let model = Model::read(data.join("models/tiny-qwen3.gguf")).unwrap();
+        let sf = State::open(
+            data.join("qwen3tiny-f16-fa/seq-0.ggsq"),
+            WalkOptions::default(),
+        )
+        .unwrap();
+        let opts = OpenOptions {
+            model: Some(&model.geometry),
+            rotation: Mode::None,
+            ..OpenOptions::default()
+        };
+        let op = Opened::new(sf, opts).unwrap();
+        (op, LayerAttn::of_model(&model).unwrap())
+    }
+
+    #[test]
+    fn a_zero_query_spreads_its_weight_evenly_over_the_cells_it_sees() {
+        let (op, layers) = opened();
+        let blocks = [Block {
+            model_layer: 1,
+            offset: 0,
+            n_head: 4,
+            head_dim: 32,
+        }];
+        let values = vec![0f32; 3 * 128];
+        let req = Request {
+            opened: &op,
+            layers: &layers,
+            queries: Queries {
+                values: &values,
+                row_len: 128,
+                pos: &[0, 3, 6],
+                seq: &[0, 0, 0],
+                blocks: &blocks,
+            },
+            model_layers: None,
+            heads: Some(&[2]),
+            incomplete: Incomplete::Error,
+            chunk: 2,
+        };
+        let w = &run(&req, Reduce::Weights).unwrap()[0];
+        assert_eq!(w.rows(), 1 + 4 + 7);
+        let weight = w.columns.iter().find(|c| c.name == "weight").unwrap();
+        let Values::F64(ws) = &weight.values else {
+            panic!()
+        };
+        assert_eq!(ws[0], 1.0);
+        assert!(ws[1..5].iter().all(|x| (x - 0.25).abs() < 1e-15));
+        let m = &run(&req, Reduce::Mass).unwrap()[0];
+        let mass = m.columns.iter().find(|c| c.name == "mass").unwrap();
+        let Values::F64(ms) = &mass.values else {
+            panic!()
+        };
+        let want = 1.0 + 0.25 + 1.0 / 7.0; // cell 0: seen by all three queries
+        assert!((ms[0] - want).abs() < 1e-15 && ms.len() == 7);
+        // a query of a sequence the state does not hold: refused, or left out
+        let req = Request {
+            queries: Queries {
+                seq: &[0, 0, 4],
+                ..req.queries
+            },
+            ..req
+        };
+        assert!(matches!(
+            run(&req, Reduce::Entropy),
+            Err(AttnError::Incomplete(_))
+        ));
+        let skip = Request {
+            incomplete: Incomplete::Skip,
+            ..req
+        };
+        assert_eq!(run(&skip, Reduce::Entropy).unwrap()[0].rows(), 2);
+    }
+}
