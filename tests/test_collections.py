@@ -209,8 +209,10 @@ def test_done_when_a_tree_of_two_models_and_three_cache_types_reads_back_alike_e
 
 
 def test_done_when_hugging_face_datasets_reads_the_tree_alike(
-    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # local files: nothing asks the hub
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     datasets = pytest.importorskip("datasets")
     vocab = tmp_path / "vocab.gguf"
     model_with_vocab(vocab, [f"w{i}" for i in range(300)])
