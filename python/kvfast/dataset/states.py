@@ -443,7 +443,7 @@ def manifest(paths: Paths) -> pl.DataFrame:
         row: dict[str, Any] = {"path": remote.real(p), "dump": dump_id(p), "error": None}
         try:
             with open(p) as d:
-                layers = [ly for c in d.caches for ly in max(c.streams, key=lambda s: len(s.layers)).layers]
+                layers = [ly for c in d.caches for ly in c.layers]
                 tokens = d.tokens
                 row.update(
                     size=d.size,

@@ -56,15 +56,14 @@ def per_token(d: State) -> list[str]:
     and S (one cell per sequence)."""
     lines = []
     for c in d.caches:
-        s = max(c.streams, key=lambda s: len(s.layers))
-        if not s.layers:
+        if not c.layers:
             lines.append(f"cache {c.index}: no layers")
             continue
-        ly = s.layers[0]
+        ly = c.layers[0]
         k, v = ly.k_row_bytes, ly.v_row_bytes or 0
-        total = sum(x.k_row_bytes + (x.v_row_bytes or 0) for x in s.layers)
+        total = sum(x.k_row_bytes + (x.v_row_bytes or 0) for x in c.layers)
         lines.append(
-            f"cache {c.index}: {_layers(len(s.layers))}; per token per layer K {k:,} B ({ly.k_type}, {ly.n_embd_k} values)"
+            f"cache {c.index}: {_layers(len(c.layers))}; per token per layer K {k:,} B ({ly.k_type}, {ly.n_embd_k} values)"
             f" + V {v:,} B ({ly.v_type}, {ly.n_embd_v} values); per token {total:,} B"
         )
     rec = d.recurrent

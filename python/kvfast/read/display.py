@@ -73,8 +73,7 @@ def dump_html(d: OpenState) -> str:
             rows.append(_row(c.index, _stream_text(s), "", "", ""))
         if len(c.streams) > len(shown):
             rows.append(_row(c.index, f"... {len(c.streams) - len(shown)} more streams", "", "", ""))
-        longest = max(c.streams, key=lambda s: len(s.layers))
-        for group in _layer_groups(longest.layers):
+        for group in _layer_groups(c.layers):
             ly = group[0]
             mls = [x.model_layer for x in group]
             model = "" if None in mls else ", ".join(map(str, mls))

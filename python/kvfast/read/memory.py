@@ -35,8 +35,7 @@ def layer_map(dump: OpenState) -> list[dict[str, Any]] | None:
     its model)."""
     by: dict[int, list[tuple[int, int, str]]] = {}
     for c in dump.caches:
-        s = max(c.streams, key=lambda s: len(s.layers))
-        for ly in s.layers:
+        for ly in c.layers:
             if ly.model_layer is None:
                 return None
             by.setdefault(ly.model_layer, []).append((c.index, ly.index, "k" if ly.v_type is None else "kv"))

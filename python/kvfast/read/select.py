@@ -233,7 +233,7 @@ def by_model_layer(
     held: set[int] = set()
     unknown = False
     for c in caches_of:
-        for ly in max(c.streams, key=lambda s: len(s.layers)).layers if c.streams else []:
+        for ly in c.layers:
             if ly.model_layer is None:
                 unknown = True
                 continue

@@ -103,8 +103,14 @@ class Cache:
     streams: list[Stream]
 
     @property
+    def layers(self) -> list[Layer]:
+        """The cache's layers: those of its longest stream (every stream of a cache holds the same
+        layers; one with no cell lists none)."""
+        return max(self.streams, key=lambda s: len(s.layers)).layers if self.streams else []
+
+    @property
     def n_layer(self) -> int:
-        return max((len(s.layers) for s in self.streams), default=0)
+        return len(self.layers)
 
     def __repr__(self) -> str:
         shown = ", ".join(map(repr, self.streams[:4]))
