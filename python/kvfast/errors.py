@@ -197,6 +197,19 @@ class ProbeCrashError(KvfastError):
         self.signal = signal
 
 
+class QueriesError(KvfastError, ValueError):
+    """A queries sidecar (``<id>.queries.json`` and its ``.npy``) that is truncated, corrupt or says
+    nonsense: ``field`` names the entry, ``offset`` the character of the JSON where it stopped
+    parsing (None otherwise)."""
+
+    kind = "queries"
+
+    def __init__(self, message: str, field: str | None = None, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.offset = offset
+
+
 class ClusterError(KvfastError, RuntimeError):
     """The local cluster did not come up (the message ends with the nodes' logs)."""
 
@@ -222,6 +235,7 @@ __all__ = [
     "OutputError",
     "PreRopeError",
     "ProbeCrashError",
+    "QueriesError",
     "RemoteError",
     "RotationError",
     "RotationWarning",

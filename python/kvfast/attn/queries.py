@@ -20,7 +20,6 @@ values (nothing is read until used); :meth:`Queries.from_arrays` makes queries o
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import polars as pl
+
+from kvfast.attn.sidecar import Sidecar
 
 FORMAT = "kvfast-queries"
 VERSION = 1
@@ -103,36 +104,20 @@ class Queries:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Queries:
         """Queries from a sidecar (``<id>.queries.json``); the values are memory-mapped."""
-        p = Path(path)
-        side = json.loads(p.read_text())
-        if side.get("format") != FORMAT or side.get("version") != VERSION:
-            raise ValueError(f"{p}: not a kvfast queries sidecar of version {VERSION}")
-        values = np.load(p.with_name(side["values"]), mmap_mode="r")
-        if values.dtype != np.float32 or list(values.shape) != list(side["shape"]):
-            raise ValueError(
-                f"{p}: its values are {values.dtype} {values.shape}, the sidecar says {side['shape']}"
-            )
-        rows = side["rows"]
+        s = Sidecar(Path(path), FORMAT, VERSION)
         layers = [
             QueryLayer(
-                int(x["model_layer"]),
-                int(x["offset"]),
-                int(x["n_head"]),
-                int(x["head_dim"]),
+                x["model_layer"],
+                x["offset"],
+                x["n_head"],
+                x["head_dim"],
                 x.get("llama_scale"),
                 x.get("sinks"),
                 info=x,
             )
-            for x in side["layers"]
+            for x in s.layers
         ]
-        return cls(
-            values,
-            np.asarray(rows["pos"], dtype=np.int32),
-            np.asarray(rows["seq"], dtype=np.int32),
-            layers,
-            side.get("model"),
-            side,
-        )
+        return cls(s.values, s.pos, s.seq, layers, s.model, s.side)
 
     @classmethod
     def from_arrays(
