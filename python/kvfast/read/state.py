@@ -100,7 +100,8 @@ class State:
         self._partial = None if partial is None else Partial(partial[0], list(partial[1]))
         self._rotation = [Rotation(**r) for r in info["rotation"]]
         # said once, when values are first read (opening, info and layout read none)
-        self._rotation_warning: str | None = info["rotation_warning"]
+        #: what is undecided and the advice, and this state's evidence (None: all is certain)
+        self._rotation_warning: tuple[str, str] | None = info["rotation_warning"]
         #: Whether K values are read before RoPE (``pre_rope=True``; see :mod:`kvfast.pre_rope`).
         self.pre_rope = pre_rope
 
@@ -155,14 +156,8 @@ class State:
                 and (kinds is None or r.kind in kinds)
             ]
             if unsure:
-                text, self._rotation_warning = self._rotation_warning, None
-                # the evidence differs from state to state; what is undecided, and the advice, do not
-                said, sep, evidence = text.partition(" Evidence: ")
-                detail = None
-                if sep:
-                    evidence, dot, advice = evidence.partition(". ")
-                    said, detail = f"{said} {advice}".strip(), f"Evidence: {evidence}{dot}".strip()
-                warn(said, RotationWarning, about=self.path, detail=detail)
+                (said, evidence), self._rotation_warning = self._rotation_warning, None
+                warn(said, RotationWarning, about=self.path, detail=evidence)
         return state
 
     def _get(self, key: str) -> Any:

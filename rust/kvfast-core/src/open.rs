@@ -15,7 +15,7 @@ use crate::source::state::State;
 use crate::values::rope::{Rope, RopeSpec};
 use crate::values::rotation::rule_group;
 use crate::values::rotation_decide::{
-    decide, sample_ranges, warning, BuildHint, Decision, Mode, RotationError,
+    decide, sample_ranges, warning, BuildHint, Decision, Mode, Notice, RotationError,
 };
 
 /// The RoPE of the model's full-attention and sliding-window layers, given its K head size.
@@ -119,7 +119,7 @@ pub struct Opened {
     /// Per attention cache and kind, whether the rotation is undone and why.
     pub rotation: Vec<Decision>,
     /// Why some decision is a default taken for want of evidence (None: none is).
-    pub rotation_warning: Option<String>,
+    pub rotation_warning: Option<Notice>,
     /// Per cache and layer, the RoPE undone in K rows (empty: keys as stored).
     pub rope: RopeSpec,
     /// Per cache, the [K, V] groups the rotation is undone in (0: as stored).

@@ -91,7 +91,8 @@ fn parse_mode(mode: &str) -> Result<Mode> {
 /// `rope(head_dim_k)`'s where given. Returns the state and a dict of what Python shows of it: the
 /// info scalars, `caches`, `model_layers`, `partial` ((absent cache, its model layers) of a
 /// PARTIAL_ONLY state, or None), `head_dims`, `rotation` (a dict per decision),
-/// `rotation_warning`, and `model` (the geometry read from a GGUF; None otherwise).
+/// `rotation_warning` ((what is undecided with the advice, this state's evidence) or None), and
+/// `model` (the geometry read from a GGUF; None otherwise).
 #[pyfunction]
 #[pyo3(signature = (
     path, *, size=None, fetch=None, cell_ext=None, mmap=true, head_dim=None, model=None,
@@ -183,7 +184,12 @@ pub fn open<'py>(
         decisions.append(e)?;
     }
     d.set_item("rotation", decisions)?;
-    d.set_item("rotation_warning", op.rotation_warning.clone())?;
+    d.set_item(
+        "rotation_warning",
+        op.rotation_warning
+            .as_ref()
+            .map(|n| (n.text.clone(), n.evidence.clone())),
+    )?;
     let read = read.as_ref().map(|m| geometry_dict(py, &m.geometry));
     d.set_item("model", read.transpose()?)?;
     Ok((PyState::wrap(op, fetch), d))

@@ -245,9 +245,17 @@ fn one_build(decided: Vec<(Decision, Build)>) -> Vec<Decision> {
         .collect()
 }
 
-/// What a user is told when a decision is a default taken for want of evidence (None: every
-/// decision is certain).
-pub fn warning(decisions: &[Decision]) -> Option<String> {
+/// What a user is told when some decision is a default taken for want of evidence: what is
+/// undecided and the advice (`text`, the same for every state of a build), and the evidence
+/// (`evidence`, what this state's values said).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub text: String,
+    pub evidence: String,
+}
+
+/// The [`Notice`] for a state's decisions (None: every decision is certain).
+pub fn warning(decisions: &[Decision]) -> Option<Notice> {
     let undecided: Vec<&Decision> = decisions.iter().filter(|d| !d.certain).collect();
     let first = undecided.first()?;
     let which: Vec<String> = undecided
@@ -265,13 +273,15 @@ pub fn warning(decisions: &[Decision]) -> Option<String> {
             )
         })
         .collect();
-    Some(format!(
-        "kvfast cannot be sure how llama.cpp stored {}: since April 2026 it stores quantized caches \
-         Hadamard-rotated in groups set by the head size, which the state does not record. \
-         Evidence: {}. Pass model= or head_dim= (or rotation='hadamard' / rotation='none') to decide.",
-        which.join(", "),
-        first.evidence
-    ))
+    Some(Notice {
+        text: format!(
+            "kvfast cannot be sure how llama.cpp stored {}: since April 2026 it stores quantized \
+             caches Hadamard-rotated in groups set by the head size, which the state does not \
+             record. Pass model= or head_dim= (or rotation='hadamard' / rotation='none') to decide.",
+            which.join(", ")
+        ),
+        evidence: format!("Evidence: {}.", first.evidence),
+    })
 }
 
 struct Ctx<'a> {
@@ -767,11 +777,14 @@ mod tests {
         };
         assert_eq!(warning(&[d(0, Kind::K, true, true)]), None);
         let w = warning(&[d(0, Kind::K, true, false), d(1, Kind::V, false, false)]).unwrap();
-        assert!(w.starts_with(
+        assert!(w.text.starts_with(
             "kvfast cannot be sure how llama.cpp stored cache 0 K (q8_0: undone in groups of 128, \
              a guess), cache 1 V (q8_0: left as stored): since April 2026"
         ));
-        assert!(w.contains("Evidence: median kurtosis 3.0 as stored. Pass model="));
+        assert!(w
+            .text
+            .ends_with("(or rotation='hadamard' / rotation='none') to decide."));
+        assert_eq!(w.evidence, "Evidence: median kurtosis 3.0 as stored.");
         assert_eq!(
             RotationError {
                 cache: 1,
