@@ -3,14 +3,18 @@ counted in the table's ``nan`` column; a group with no other value has NaN stati
 null), never an infinity or 0. Infinities are values. Checked against NumPy's nan-aware functions on
 states holding NaN and infinities (f16 rows read as stored, q8_0 rows decoded, V transposed)."""
 
+import ctypes
+from collections.abc import Callable
 from pathlib import Path
 
+import gguf
 import numpy as np
 import polars as pl
 import pytest
 from conftest import DATA
 
 import kvfast
+from kvfast import _kvfast
 
 HD = 32
 SOURCES = {
@@ -184,3 +188,76 @@ def test_quant_error_and_compare_leave_the_states_nan_out(tmp_path: Path) -> Non
         assert summary["nan"].item() == c["nan"].sum()
         assert not np.isnan(summary["mse"].item())
 
+
+def ggml_q8_0() -> tuple[Callable[[np.ndarray], bytes], Callable[[bytes], np.ndarray]]:
+    """llama.cpp's own quantize_row_q8_0_ref and dequantize_row_q8_0 (libggml-base, as
+    llama-cpp-python ships it), on whole blocks."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    ptr, n = ctypes.c_void_p, ctypes.c_int64
+
+    def quantize(x: np.ndarray) -> bytes:
+        x = np.ascontiguousarray(x, np.float32)
+        out = np.zeros(34 * (x.size // 32), np.uint8)
+        lib.quantize_row_q8_0_ref(x.ctypes.data_as(ptr), out.ctypes.data_as(ptr), n(x.size))
+        return out.tobytes()
+
+    def dequantize(q: bytes) -> np.ndarray:
+        b = np.frombuffer(q, np.uint8).copy()
+        y = np.zeros(b.size // 34 * 32, np.float32)
+        lib.dequantize_row_q8_0(b.ctypes.data_as(ptr), y.ctypes.data_as(ptr), n(y.size))
+        return y
+
+    return quantize, dequantize
+
+
+def test_q8_0_blocks_holding_nan_quantize_as_ggml() -> None:
+    # before: the absmax folded with f32::max dropped every NaN (a block of NaNs: scale 0, values
+    # 0); ggml's MAX(a, b) = a > b ? a : b makes it NaN, and the next value replaces it
+    quantize, _ = ggml_q8_0()
+    base = (np.arange(32, dtype=np.float32) - 10) / 3
+    blocks = [np.full(32, np.nan, np.float32)]
+    for at in (0, 5, 10, 31):
+        b = base.copy()
+        b[2] = 40.0  # the largest, before a NaN at 5 or 10: forgotten, and 40 / d wraps
+        b[at] = np.nan
+        blocks.append(b)
+    blocks.append(np.where(np.arange(32) % 7 == 3, np.nan, base).astype(np.float32))
+    blocks.append(base)
+    x = np.concatenate(blocks)
+    assert _kvfast.quantize("q8_0", x.tolist()) == quantize(x)
+    q = np.frombuffer(quantize(x), np.uint8).reshape(-1, 34)
+    scales = q[:, :2].copy().view("<f2")[:, 0]
+    assert np.isnan(scales[0]) and np.isnan(scales[4])  # all NaN, the last NaN: a NaN scale
+    # gguf's NumPy mirror (max propagates NaN) agrees where ggml's scale is NaN too
+    for b in (blocks[0], blocks[4]):
+        with np.errstate(invalid="ignore"):  # its NaN quants cast to int8
+            want = gguf.quants.quantize(b.reshape(1, -1), gguf.GGMLQuantizationType.Q8_0)
+        assert _kvfast.quantize("q8_0", b.tolist()) == want.tobytes()
+
+
+def test_quant_error_of_nan_is_ggmls_round_trip(tmp_path: Path) -> None:
+    # what a q8_0 cache of llama.cpp would hold: its blocks quantized with NaN as ggml does
+    quantize, dequantize = ggml_q8_0()
+    with kvfast.open(SOURCES["f16"], head_dim=HD, rotation="none") as d:
+        x = d.values(1, "k").astype(np.float32).copy()
+        x[0, :HD] = np.nan  # a block of NaNs: left out
+        x[:, 5] = np.nan  # the absmax of the values after it
+        x[3, 1] = 1000.0  # ... which forget this one: it wraps
+        x[4, HD + 31] = np.nan  # the last value: a NaN scale, the block's other values NaN
+        kvfast.write(d, tmp_path / "nan.bin", values={(1, "k"): x})
+    e = kvfast.open(tmp_path / "nan.bin", head_dim=HD, rotation="none")
+    x = e.values(1, "k").astype(np.float32)
+    y = dequantize(quantize(x.reshape(-1))).reshape(x.shape)
+    q = e.quant_error("q8_0", layers=[1], kinds="k", rotate=False).sort("head")
+    xh, yh = heads(x), heads(y)
+    kept = ~np.isnan(xh)
+    assert q["nan"].to_list() == (~kept).sum(axis=(0, 2)).tolist()
+    assert q["count"].to_list() == kept.sum(axis=(0, 2)).tolist()
+    with np.errstate(invalid="ignore"):
+        se = np.where(kept, (xh - yh) ** 2, 0).sum(axis=(0, 2))
+    assert np.isfinite(se[0]) and np.isnan(se[1])
+    np.testing.assert_allclose(q["sum_sq_err"].to_numpy(), se, rtol=1e-12, equal_nan=True)
+    assert np.isnan(q["mse"][1]) and q["rows"].to_list() == [x.shape[0]] * 2
+    layer = e.quant_error("q8_0", layers=[1], kinds="k", rotate=False, by="layer")
+    assert (layer["nan"].item(), layer["count"].item()) == (int((~kept).sum()), int(kept.sum()))
