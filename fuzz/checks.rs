@@ -292,12 +292,33 @@ pub fn stats(data: &[u8]) {
             for v in [r.view, r.view.with_rotation(64)] {
                 let s = cell_stats(&v, &cells, hd);
                 assert_eq!(s.len(), cells.len() * heads);
-                assert!(s.argmax.iter().all(|&a| (a as usize) < hd));
+                for i in 0..s.len() {
+                    // NaN values left out and counted: a head of NaNs only has no statistic
+                    assert!(s.nan[i] as usize <= hd);
+                    if s.nan[i] as usize == hd {
+                        assert!(s.argmax[i].is_none() && s.l2[i].is_nan() && s.absmax[i].is_nan());
+                    } else {
+                        assert!(s.argmax[i].is_some_and(|a| (a as usize) < hd));
+                        assert!(!s.min[i].is_nan() && !s.max[i].is_nan() && !s.l2[i].is_nan());
+                        assert!(s.absmax[i] >= 0.0 && s.min[i] <= s.max[i]);
+                    }
+                }
                 let acc = accumulate(&v, &cells, hd);
                 if hd > 0 {
                     assert_eq!(acc.channels.len(), n);
                     assert_eq!(acc.l2.len(), heads);
-                    assert!(acc.channels.iter().all(|m| m.count == cells.len() as u64));
+                    assert!(acc
+                        .channels
+                        .iter()
+                        .all(|m| m.count + m.nan == cells.len() as u64));
+                    assert!(acc.channels.iter().all(|m| m.count == 0
+                        || !m.mean.is_nan()
+                        || m.min.is_infinite()
+                        || m.max.is_infinite()));
+                    assert!(acc
+                        .l2
+                        .iter()
+                        .all(|&(_, _, rows)| rows <= cells.len() as u64));
                 }
                 for h in 0..=heads {
                     acc.head(h, hd);
@@ -305,7 +326,9 @@ pub fn stats(data: &[u8]) {
                 let loss = round_trip_loss(&v, &cells, hd, &|x, y| y.copy_from_slice(x));
                 assert_eq!(loss.len(), if hd == 0 { 0 } else { heads });
                 for l in &loss {
-                    assert_eq!(l.count, (cells.len() * hd) as u64);
+                    assert_eq!(l.count + l.nan, (cells.len() * hd) as u64);
+                    // the identity loses nothing of the values it counts
+                    assert!(l.se == 0.0 || l.se.is_nan());
                 }
             }
         }

@@ -70,7 +70,8 @@ def test_count_is_values_and_cells_is_cells_in_every_summary() -> None:
             for df in (ch, head, layer):
                 assert df.columns[df.columns.index("count") + 1] == "cells"
                 assert df["cells"].unique().to_list() == [cells]
-            assert (ch["count"] == ch["cells"]).all()
+            # no NaN here: count is every value (count + nan is, whatever the values)
+            assert (ch["count"] == ch["cells"]).all() and (ch["nan"] == 0).all()
             assert (head["count"] == head["cells"] * 32).all()
             n_embd = d.caches[0].streams[0].layers[0].n_embd_k
             assert (layer["count"] == layer["cells"] * n_embd).all()
@@ -86,7 +87,7 @@ def test_stats_json_honours_rows(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["manifest", sample, "--json", "--rows", "0"]) == 0
     assert json.loads(capsys.readouterr().out) == []
     assert main(["stats", sample, "--rows", "2"]) == 0
-    assert "shape: (36, 13)" in capsys.readouterr().out
+    assert "shape: (36, 14)" in capsys.readouterr().out
 
 
 def test_upcast_avoids_the_float16_traps() -> None:

@@ -31,12 +31,12 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         **_KEYS,
         **{k: INDEX[k] for k in ("cell", "pos", "seq_id", "head")},
         **{k: pl.Float64() for k in ("mse", "max_abs", "cosine", "rel")},
+        "nan": pl.UInt32(),
     },
     "layer": {
         **_KEYS,
-        "rows": pl.UInt64(),
-        "count": pl.UInt64(),
-        **{k: pl.Float64() for k in LOSS_COLUMNS[2:]},
+        **{k: pl.UInt64() for k in LOSS_COLUMNS[:3]},
+        **{k: pl.Float64() for k in LOSS_COLUMNS[3:]},
     },
 }
 

@@ -29,6 +29,7 @@ By = Literal["cell", "channel", "head", "layer"]
 LOSS_COLUMNS = (
     "rows",
     "count",
+    "nan",
     "mse",
     "max_abs",
     "rel",
@@ -39,14 +40,15 @@ LOSS_COLUMNS = (
     "cosine_min",
 )
 """The error columns :func:`quant_error` and ``compare(by="layer")`` share, per group of (cell,
-head) rows (a head of one layer, or a layer): ``rows`` rows of ``count`` values in all; ``mse`` and
-``max_abs`` over the values; pooled over every value of the group, ``rel`` = ||B - A|| / ||A|| (the
-norms of all its rows together) and ``cosine`` (of A and B as one vector each); per row,
-``rel_mean`` and ``rel_max`` of the rows' relative errors and ``cosine_mean`` and ``cosine_min`` of
-their cosines, over the rows where they are defined (an all-zero row of A has no relative error, a
-zero row on either side no cosine; NaN where no row has one). Pooled values weigh rows by their
-norm: a layer of a few large rows reads small in ``rel`` where ``rel_mean`` shows its many small
-rows' errors."""
+head) rows (a head of one layer, or a layer): ``rows`` rows of ``count`` values in all, and ``nan``
+values left out (NaN in A, or in A or B for ``compare``: each error is over the other values, NaN
+where none is left); ``mse`` and ``max_abs`` over the values; pooled over every value of the
+group, ``rel`` = ||B - A|| / ||A|| (the norms of all its rows together) and ``cosine`` (of A and B
+as one vector each); per row, ``rel_mean`` and ``rel_max`` of the rows' relative errors and
+``cosine_mean`` and ``cosine_min`` of their cosines, over the rows where they are defined (an
+all-zero row of A has no relative error, a zero row on either side no cosine; NaN where no row has
+one). Pooled values weigh rows by their norm: a layer of a few large rows reads small in ``rel``
+where ``rel_mean`` shows its many small rows' errors."""
 
 
 def select(
@@ -106,25 +108,13 @@ def stats(
     if by not in ("channel", "head", "layer"):
         raise ValueError(f"by must be 'cell', 'channel', 'head' or 'layer', not {by!r}")
     channel, head, layer = _kvfast.aggregate_stats(state, sel, skip_first)
-    df = pl.DataFrame(channel)
     if by == "channel":
-        return _with_cells(df, df).with_columns(
-            outlier_ratio=pl.col("absmax")
-            / pl.col("absmax").median().over(["cache", "layer", "kind", "head"])
+        # the median over the channels that hold a value (a channel of NaNs only has none)
+        median = pl.col("absmax").fill_nan(None).median().over(["cache", "layer", "kind", "head"])
+        return pl.DataFrame(channel).with_columns(
+            outlier_ratio=(pl.col("absmax") / median).fill_null(float("nan"))
         )
-    return _with_cells(pl.DataFrame(head if by == "head" else layer), df)
-
-
-def _with_cells(df: pl.DataFrame, channel: pl.DataFrame) -> pl.DataFrame:
-    """Add ``cells`` after ``count``: the cells the statistics are over (each cell once, whatever
-    its sequences). ``count`` is the number of values: cells in by="channel" (one value of the
-    channel per cell), cells x head_dim in by="head", cells x values per row in by="layer"."""
-    keys = ["cache", "layer", "kind"]
-    cells = channel.group_by(keys).agg(cells=pl.col("count").first())
-    at = df.columns.index("count") + 1
-    order = [*df.columns[:at], "cells", *df.columns[at:]]
-    joined = df.join(cells, on=keys, how="left", maintain_order="left")
-    return joined.with_columns(pl.col("cells").fill_null(0).cast(pl.UInt64)).select(order)
+    return pl.DataFrame(head if by == "head" else layer)
 
 
 def quant_error(
@@ -212,7 +202,8 @@ def compare(
     model_layers: Sequence[int] | None = None,
 ) -> pl.DataFrame:
     """Errors of B against A: one row per (cache, layer, kind, cell, sequence, head) of A with
-    ``mse``, ``max_abs``, ``cosine`` and ``rel`` (||b - a|| / ||a||) of that row; cells matched by
+    ``mse``, ``max_abs``, ``cosine`` and ``rel`` (||b - a|| / ||a||) of that row, over its pairs of
+    values but those left out (NaN on either side), counted in ``nan``; cells matched by
     (sequence, position), not by order (``match='sequence'``), by position alone (``'position'``)
     or by position over the common token prefix (``'tokens'``), see
     :mod:`kvfast.analysis.compare_modes`. ``by='layer'``: one row per (cache, layer, kind) with the

@@ -358,24 +358,28 @@ STATS_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "max": pl.Float32(),
         "absmax": pl.Float32(),
         "argmax": pl.UInt32(),
+        "nan": pl.UInt32(),
     },
     "channel": {
         **{k: INDEX_SCHEMA[k] for k in ("cache", "layer", "model_layer", "kind", "head")},
         "channel": schema.INDEX["channel"],
         "count": pl.UInt64(),
         "cells": pl.UInt64(),
+        "nan": pl.UInt64(),
         **{k: pl.Float64() for k in ("mean", "std", "min", "max", "absmax", "outlier_ratio")},
     },
     "head": {
         **{k: INDEX_SCHEMA[k] for k in ("cache", "layer", "model_layer", "kind", "head")},
         "count": pl.UInt64(),
         "cells": pl.UInt64(),
+        "nan": pl.UInt64(),
         **{k: pl.Float64() for k in ("mean", "std", "min", "max", "absmax", "l2_mean", "l2_max")},
     },
     "layer": {
         **{k: INDEX_SCHEMA[k] for k in ("cache", "layer", "model_layer", "kind")},
         "count": pl.UInt64(),
         "cells": pl.UInt64(),
+        "nan": pl.UInt64(),
         **{k: pl.Float64() for k in ("mean", "std", "min", "max", "absmax", "l2_mean", "l2_max")},
     },
 }

@@ -522,7 +522,7 @@ class State:
         """Statistics computed in Rust, streamed over the map with the GIL released.
 
         - ``by="cell"``: one row per (cache, stream, layer, kind, cell, sequence, head) with pos,
-          seq_id, l2, mean, std, min, max, absmax and argmax (the channel of the absmax);
+          seq_id, l2, mean, std, min, max, absmax, argmax (the channel of the absmax) and nan;
         - ``by="channel"``: one row per (cache, layer, kind, head, channel) over every cell: count,
           mean, std, min, max, absmax, and outlier_ratio (that absmax over the median channel absmax
           of the same head);
@@ -530,8 +530,11 @@ class State:
           l2_mean and l2_max, the mean and largest L2 norm of its (cell, head) rows.
 
         In the last three, ``count`` is the number of values summarized and ``cells`` the number of
-        cells (each once, however many sequences share it): ``count == cells`` by channel,
+        cells (each once, however many sequences share it): ``count + nan == cells`` by channel,
         ``cells * head_dim`` by head, ``cells * values per row`` by layer.
+
+        NaN values are left out of every statistic and counted in ``nan`` (each table has it); a
+        row with no other value has NaN statistics (``argmax`` null), never an infinity or 0.
 
         ``tokens=True`` (with ``by="cell"``) adds each cell's ``token`` and ``piece``.
         ``skip_first=N`` leaves out cells at positions < N (attention sinks). std is ddof = 0.

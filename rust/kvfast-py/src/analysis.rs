@@ -192,7 +192,7 @@ mod tests {
         let t = cell_tables(&p, 0).unwrap();
         assert_eq!((t.len(), t[0].rows()), (1, 0));
         let names: Vec<_> = t[0].columns.iter().map(|c| c.name).collect();
-        assert_eq!(names.len(), 16);
+        assert_eq!(names.len(), 17); // the index, 7 statistics and nan
         assert_eq!(
             &names[..5],
             ["cache", "stream", "layer", "model_layer", "kind"]

@@ -61,15 +61,16 @@ impl Index {
 }
 
 /// Two tables of B's values against A's, cells paired as `how` says: one row per (cache, layer,
-/// kind, cell of A, sequence, head) with mse, max_abs, cosine, rel; and one per (cache, layer,
-/// kind) with `loss`'s error columns over those rows (pooled and per-row means, as
-/// `quant_error`'s).
+/// kind, cell of A, sequence, head) with mse, max_abs, cosine, rel and nan (the pairs of values
+/// left out: either NaN); and one per (cache, layer, kind) with `loss`'s error columns over those
+/// rows (pooled and per-row means, as `quant_error`'s).
 pub fn compare(a: &Pass, b: &Other, how: Match) -> Result<[Table; 2], TableError> {
     let b_layout: &Layout = &b.sf.layout;
     check_geometry(&a.sf.layout, b_layout)?;
     let mut keys = Keys::default();
     let (mut cell, mut pos, mut head, mut seqs) = (vec![], vec![], vec![], vec![]);
     let mut cols: [Vec<f64>; 4] = Default::default();
+    let mut nan = vec![];
     let mut index_b: HashMap<u32, Index> = HashMap::new();
     // the per-layer sums, in the order their records first come
     let mut layer_at: HashMap<LayerKey, usize> = HashMap::new();
@@ -123,6 +124,7 @@ pub fn compare(a: &Pass, b: &Other, how: Match) -> Result<[Table; 2], TableError
                 for (col, v) in cols.iter_mut().zip([st.mse, st.max_abs, st.cosine, st.rel]) {
                     col.push(v);
                 }
+                nan.push(st.loss.nan as u32); // at most a head's values
             }
         }
     }
@@ -135,6 +137,7 @@ pub fn compare(a: &Pass, b: &Other, how: Match) -> Result<[Table; 2], TableError
     for (name, col) in ["mse", "max_abs", "cosine", "rel"].into_iter().zip(cols) {
         out.push(name, Values::F64(col));
     }
+    out.push("nan", Values::U32(nan));
     let (mut layer_keys, mut losses) = (Keys::default(), LossColumns::default());
     for ((cache, layer, kind), ml, sums) in &layers {
         layer_keys.extend(*cache, *layer, *ml, *kind, 1);

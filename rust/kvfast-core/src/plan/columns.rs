@@ -169,6 +169,16 @@ impl Table {
         });
     }
 
+    pub fn push_opt_u32(&mut self, name: &'static str, v: Vec<Option<u32>>) {
+        let (values, valid) = split(v);
+        self.add(Column {
+            name,
+            values: Values::U32(values),
+            valid,
+            nullable: true,
+        });
+    }
+
     /// Rows (the first column's length; 0 without columns).
     pub fn rows(&self) -> usize {
         self.columns.first().map_or(0, |c| c.values.len())

@@ -4,10 +4,12 @@
 //!
 //! Sums stay float64: every f32 value (and its square, exact in f64) is widened before it is
 //! added, in eight lanes added pairwise at the end (the plain loops, `passes::sum_sq`, add the same
-//! lanes in order: equal to float64 rounding). Minima and maxima ignore NaN, as `f32::min` does:
-//! MINPS / MAXPS return their second operand when either is NaN, and the running one is second.
+//! lanes in order: equal to float64 rounding). NaN values are left out of every statistic and
+//! counted (see `moments`): the sums add 0 for them, and minima and maxima ignore them, as
+//! `f32::min` does: MINPS / MAXPS return their second operand when either is NaN, and the running
+//! one is second.
 
-use crate::stats::moments::{CellStat, LossSums, Moments, RowLoss};
+use crate::stats::moments::{not_negative, CellStat, LossSums, Moments, RowLoss};
 
 /// One row of values as a kernel reads them.
 #[derive(Clone, Copy)]
@@ -106,7 +108,10 @@ pub struct ChannelSums {
     s2: Vec<f64>,
     lo: Vec<f32>,
     hi: Vec<f32>,
-    /// Per head: (sum of row L2 norms, largest, rows).
+    /// Per channel: the NaN values left out.
+    nan: Vec<u64>,
+    /// Per head: (sum of row L2 norms, largest, rows), over the rows whose head holds a value
+    /// that is not NaN.
     pub l2: Vec<(f64, f64, u64)>,
 }
 
@@ -123,8 +128,14 @@ impl ChannelSums {
             s2: vec![0.0; n],
             lo: vec![f32::INFINITY; n],
             hi: vec![f32::NEG_INFINITY; n],
+            nan: vec![0; n],
             l2: vec![(0.0, 0.0, 0); heads],
         }
+    }
+
+    /// The rows added (the cells).
+    pub fn rows(&self) -> u64 {
+        self.rows
     }
 
     /// Add rows, each of exactly `n` values (a row of another length is not added); four at a
@@ -159,8 +170,9 @@ impl ChannelSums {
             return;
         }
         if self.rows == 0 {
+            // (a NaN shifts by 0: the shift is any value near the channel's)
             for (s, x) in self.shift.iter_mut().zip(to_f32(first).iter()) {
-                *s = *x as f64;
+                *s = if x.is_nan() { 0.0 } else { *x as f64 };
             }
         }
         self.rows += g.len() as u64;
@@ -192,6 +204,10 @@ impl ChannelSums {
             let row = to_f32(row);
             for j in 0..n {
                 let x = row[j];
+                if x.is_nan() {
+                    self.nan[j] += 1;
+                    continue;
+                }
                 let d = x as f64 - self.shift[j];
                 self.s1[j] += d;
                 self.s2[j] += d * d;
@@ -199,7 +215,11 @@ impl ChannelSums {
                 self.hi[j] = self.hi[j].max(x);
             }
             for (h, hv) in row.chunks_exact(self.head_dim).enumerate() {
-                let l2 = crate::stats::moments::sum_sq(hv).1.sqrt();
+                let (_, sq, nan) = crate::stats::moments::sum_sq(hv);
+                if nan as usize == hv.len() {
+                    continue; // no value: no norm
+                }
+                let l2 = sq.sqrt();
                 let e = &mut self.l2[h];
                 e.0 += l2;
                 e.1 = e.1.max(l2);
@@ -208,19 +228,24 @@ impl ChannelSums {
         }
     }
 
-    /// The moments of each channel over the rows added.
+    /// The moments of each channel over the rows added, its NaN values left out.
     pub fn moments(&self) -> Vec<Moments> {
-        let n = self.rows as f64;
         (0..self.n)
             .map(|j| {
-                if self.rows == 0 {
-                    return Moments::default();
+                let (count, nan) = (self.rows - self.nan[j], self.nan[j]);
+                if count == 0 {
+                    return Moments {
+                        nan,
+                        ..Moments::default()
+                    };
                 }
+                let n = count as f64;
                 let (s1, s2) = (self.s1[j], self.s2[j]);
                 Moments {
-                    count: self.rows,
+                    count,
+                    nan,
                     mean: self.shift[j] + s1 / n,
-                    m2: (s2 - s1 * s1 / n).max(0.0),
+                    m2: not_negative(s2 - s1 * s1 / n),
                     min: self.lo[j],
                     max: self.hi[j],
                     absmax: (-self.lo[j]).max(self.hi[j]).max(0.0),
@@ -231,7 +256,8 @@ impl ChannelSums {
 }
 
 /// Add what the round trip of `x` to `y` loses, per head of `head_dim` values, to `acc` (one entry
-/// per head; rows of other lengths add nothing).
+/// per head; rows of other lengths add nothing). A NaN of `x` is left out (and counted); a NaN the
+/// round trip makes of a value is part of the loss.
 pub fn loss_sums(x: &[f32], y: &[f32], head_dim: usize, acc: &mut [LossSums]) {
     if head_dim == 0 || x.len() != y.len() || x.len() / head_dim > acc.len() {
         return;
@@ -247,17 +273,10 @@ pub fn loss_sums(x: &[f32], y: &[f32], head_dim: usize, acc: &mut [LossSums]) {
         .iter_mut()
         .zip(x.chunks_exact(head_dim).zip(y.chunks_exact(head_dim)))
     {
-        let mut r = RowLoss {
-            n: head_dim as u64,
-            ..RowLoss::default()
-        };
+        let mut r = RowLoss::default();
         for (&x, &y) in x.iter().zip(y) {
-            let (x, y) = (x as f64, y as f64);
-            r.se += (x - y) * (x - y);
-            r.max_abs = r.max_abs.max((x - y).abs());
-            r.aa += x * x;
-            r.bb += y * y;
-            r.ab += x * y;
+            // a value the state does not hold: left out
+            r.add(x, y, x.is_nan());
         }
         e.add_row(&r);
     }
@@ -268,7 +287,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::ChannelSums;
-    use crate::stats::moments::{CellStat, LossSums, RowLoss};
+    use crate::stats::moments::{cell_stat, LossSums, RowLoss};
 
     /// Eight values at a time from a row.
     pub(super) trait Load: Copy {
@@ -418,6 +437,19 @@ mod x86 {
         _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)))
     }
 
+    /// `v` with its NaN lanes 0 (they add nothing to a sum), counting them in `nan` (rare: a
+    /// branch not taken).
+    #[inline(always)]
+    unsafe fn valued(v: __m256, nan: &mut u32) -> __m256 {
+        let bad = _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v);
+        let m = _mm256_movemask_ps(bad);
+        if m == 0 {
+            return v;
+        }
+        *nan += m.count_ones();
+        _mm256_andnot_ps(bad, v)
+    }
+
     /// The smallest lane (the lanes hold no NaN: the loops below never let one in).
     #[inline(always)]
     unsafe fn lanes_min(v: __m256) -> f32 {
@@ -452,6 +484,7 @@ mod x86 {
             // A second set of sums for every other eight values: two chains of adds, not one.
             let (mut s2, mut s3) = (_mm256_setzero_pd(), _mm256_setzero_pd());
             let (mut q2, mut q3) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+            let mut nan = 0u32;
             let mut i = base;
             while i + 16 <= end {
                 // SAFETY: i + 16 <= end <= len.
@@ -461,6 +494,8 @@ mod x86 {
                 hi = _mm256_max_ps(v, hi);
                 lo = _mm256_min_ps(w, lo);
                 hi = _mm256_max_ps(w, hi);
+                // SAFETY: AVX.
+                let (v, w) = unsafe { (valued(v, &mut nan), valued(w, &mut nan)) };
                 // SAFETY: AVX.
                 let ((a, b), (c, d)) = unsafe { (widen(v), widen(w)) };
                 s0 = _mm256_add_pd(s0, a);
@@ -477,6 +512,8 @@ mod x86 {
                 let v = unsafe { row.load8(i) };
                 lo = _mm256_min_ps(v, lo);
                 hi = _mm256_max_ps(v, hi);
+                // SAFETY: AVX.
+                let v = unsafe { valued(v, &mut nan) };
                 // SAFETY: AVX.
                 let (a, b) = unsafe { widen(v) };
                 s0 = _mm256_add_pd(s0, a);
@@ -497,20 +534,11 @@ mod x86 {
                     lanes_max(hi),
                 )
             };
-            let n = head_dim as f64;
-            let absmax = (-min).max(max).max(0.0);
-            // SAFETY: base..end lies within the row.
-            let argmax = unsafe { row.first_abs_equal(base, end, absmax) }.unwrap_or(0);
-            let mean = sum / n;
-            out.push(CellStat {
-                l2: sq.sqrt(),
-                mean,
-                std: ((sq / n - mean * mean).max(0.0)).sqrt(),
-                min,
-                max,
-                absmax,
-                argmax: argmax as u32,
-            });
+            let find = |absmax: f32| {
+                // SAFETY: base..end lies within the row.
+                unsafe { row.first_abs_equal(base, end, absmax) }.unwrap_or(0)
+            };
+            out.push(cell_stat(head_dim, (sum, sq, nan), (min, max), find));
             base = end;
         }
     }
@@ -525,11 +553,14 @@ mod x86 {
         let (n, hd) = (acc.n, acc.head_dim);
         let (shift, s1, s2) = (acc.shift.as_ptr(), acc.s1.as_mut_ptr(), acc.s2.as_mut_ptr());
         let (lo, hi) = (acc.lo.as_mut_ptr(), acc.hi.as_mut_ptr());
+        let nan = acc.nan.as_mut_ptr();
         // the rows two groups on (a record's rows follow each other)
         let ahead = 2 * K * n * L::SIZE;
         for (h, e) in acc.l2.iter_mut().enumerate().take(n / hd) {
             let (base, end) = (h * hd, (h + 1) * hd);
             let mut q = [[_mm256_setzero_pd(); 2]; K];
+            // per row: its NaN values in this head
+            let mut row_nan = [0usize; K];
             let mut i = base;
             while i < end {
                 // SAFETY: i + 8 <= n: inside each row and each sum.
@@ -549,14 +580,28 @@ mod x86 {
                             r.prefetch(i, ahead);
                         }
                     }
-                    for (r, q) in rows.iter().zip(q.iter_mut()) {
+                    for ((r, q), row_nan) in rows.iter().zip(q.iter_mut()).zip(&mut row_nan) {
                         let v = r.load8(i);
                         l = _mm256_min_ps(v, l);
                         g = _mm256_max_ps(v, g);
-                        let (x0, x1) = widen(v);
+                        let m = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+                        let (mut x0, mut x1) = widen(v);
+                        let (mut d0, mut d1) = (_mm256_sub_pd(x0, k0), _mm256_sub_pd(x1, k1));
+                        if m != 0 {
+                            // NaN lanes add nothing (0 to each sum), counted per channel and row
+                            let b0 = _mm256_cmp_pd::<_CMP_UNORD_Q>(x0, x0);
+                            let b1 = _mm256_cmp_pd::<_CMP_UNORD_Q>(x1, x1);
+                            x0 = _mm256_andnot_pd(b0, x0);
+                            x1 = _mm256_andnot_pd(b1, x1);
+                            d0 = _mm256_andnot_pd(b0, d0);
+                            d1 = _mm256_andnot_pd(b1, d1);
+                            for b in 0..8 {
+                                *nan.add(i + b) += ((m >> b) & 1) as u64;
+                            }
+                            *row_nan += m.count_ones() as usize;
+                        }
                         q[0] = _mm256_fmadd_pd(x0, x0, q[0]);
                         q[1] = _mm256_fmadd_pd(x1, x1, q[1]);
-                        let (d0, d1) = (_mm256_sub_pd(x0, k0), _mm256_sub_pd(x1, k1));
                         t0 = _mm256_add_pd(t0, d0);
                         t1 = _mm256_add_pd(t1, d1);
                         u0 = _mm256_fmadd_pd(d0, d0, u0);
@@ -571,7 +616,10 @@ mod x86 {
                 }
                 i += 8;
             }
-            for q in &q {
+            for (q, &bad) in q.iter().zip(&row_nan) {
+                if bad == hd {
+                    continue; // the row's head holds NaNs only: no norm
+                }
                 // SAFETY: AVX.
                 let l2 = unsafe { lanes_sum(q[0], q[1]) }.sqrt();
                 e.0 += l2;
@@ -592,11 +640,23 @@ mod x86 {
             let z = _mm256_setzero_pd();
             let (mut se, mut mx, mut aa, mut bb, mut ab) = ([z; 2], [z; 2], [z; 2], [z; 2], [z; 2]);
             let (mut i, end) = (h * head_dim, (h + 1) * head_dim);
+            let mut nan = 0u64;
             while i < end {
                 // SAFETY: i + 8 <= heads * head_dim <= x.len() == y.len().
-                let (a, b) = unsafe { (widen(px.load8(i)), widen(py.load8(i))) };
+                let (xs, ys) = unsafe { (px.load8(i), py.load8(i)) };
                 i += 8;
+                let m = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(xs, xs));
+                nan += m.count_ones() as u64;
+                // SAFETY: AVX.
+                let (a, b) = unsafe { (widen(xs), widen(ys)) };
                 for (k, (u, v)) in [(a.0, b.0), (a.1, b.1)].into_iter().enumerate() {
+                    // a NaN of x is left out: 0 against 0
+                    let (u, v) = if m != 0 {
+                        let bad = _mm256_cmp_pd::<_CMP_UNORD_Q>(u, u);
+                        (_mm256_andnot_pd(bad, u), _mm256_andnot_pd(bad, v))
+                    } else {
+                        (u, v)
+                    };
                     let d = _mm256_sub_pd(u, v);
                     se[k] = _mm256_fmadd_pd(d, d, se[k]);
                     mx[k] = _mm256_max_pd(mx[k], _mm256_andnot_pd(abs, d));
@@ -611,7 +671,8 @@ mod x86 {
                 _mm256_storeu_pd(m.as_mut_ptr(), mx[0]);
                 _mm256_storeu_pd(m.as_mut_ptr().add(4), mx[1]);
                 RowLoss {
-                    n: head_dim as u64,
+                    n: head_dim as u64 - nan,
+                    nan,
                     se: lanes_sum(se[0], se[1]),
                     max_abs: m.iter().fold(0.0, |a, &b| a.max(b)),
                     aa: lanes_sum(aa[0], aa[1]),
@@ -712,9 +773,168 @@ mod tests {
                 let mut got = vec![];
                 head_stats(Values::F16(&bytes), hd, &mut got);
                 for (g, h) in got.iter().zip(x.chunks_exact(hd)) {
-                    assert_eq!(g.argmax, one_cell(h).argmax);
-                    assert_eq!(g.absmax, one_cell(h).absmax);
+                    let want = one_cell(h);
+                    assert_eq!((g.argmax, g.nan), (want.argmax, want.nan));
+                    assert_eq!(g.absmax.to_bits(), want.absmax.to_bits());
                 }
+            }
+        }
+    }
+
+    /// The statistics of `h` with its NaNs removed, by the plain rule (two-pass, in f64).
+    fn without_nan(h: &[f32]) -> (usize, f64, f64, f64, f32, f32) {
+        let kept: Vec<f64> = h
+            .iter()
+            .filter(|v| !v.is_nan())
+            .map(|&v| v as f64)
+            .collect();
+        let n = kept.len() as f64;
+        let mean = kept.iter().sum::<f64>() / n;
+        let var = kept.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+        let l2 = kept.iter().map(|v| v * v).sum::<f64>().sqrt();
+        let lo = kept.iter().cloned().fold(f64::INFINITY, f64::min) as f32;
+        let hi = kept.iter().cloned().fold(f64::NEG_INFINITY, f64::max) as f32;
+        (h.len() - kept.len(), l2, mean, var.sqrt(), lo, hi)
+    }
+
+    #[test]
+    fn nan_values_are_left_out_of_head_statistics_and_counted() {
+        for head_dim in [8usize, 16, 24, 5] {
+            let mut x = values(head_dim * 4, head_dim);
+            // head 0: NaN only; head 1: one NaN; head 2: all but one NaN; head 3: none
+            x[..head_dim].fill(f32::NAN);
+            x[head_dim + 3] = f32::NAN;
+            x[2 * head_dim..3 * head_dim - 1].fill(f32::NAN);
+            let x16: Vec<f32> = x.iter().map(|v| f16::from_f32(*v).to_f32()).collect();
+            let bytes: Vec<u8> = x16
+                .iter()
+                .flat_map(|v| f16::from_f32(*v).to_bits().to_le_bytes())
+                .collect();
+            for (row, plain) in [(Values::F32(&x), &x), (Values::F16(&bytes), &x16)] {
+                let mut got = vec![];
+                head_stats(row, head_dim, &mut got);
+                let none = got[0];
+                assert_eq!((none.argmax, none.nan), (None, head_dim as u32));
+                assert!([none.l2, none.mean, none.std].iter().all(|v| v.is_nan()));
+                assert!([none.min, none.max, none.absmax].iter().all(|v| v.is_nan()));
+                for (g, h) in got.iter().zip(plain.chunks_exact(head_dim)).skip(1) {
+                    let (nan, l2, mean, std, lo, hi) = without_nan(h);
+                    assert_eq!(g.nan as usize, nan);
+                    assert!(close(g.l2, l2) && close(g.mean, mean), "{g:?}");
+                    assert!((g.std - std).abs() <= 1e-9 * std.max(1.0), "{g:?} {std}");
+                    assert_eq!((g.min, g.max, g.absmax), (lo, hi, (-lo).max(hi)));
+                    let a = g.argmax.unwrap() as usize;
+                    assert_eq!(h[a].abs(), g.absmax);
+                }
+                assert_eq!(got[3].nan, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn infinities_are_values() {
+        let mut x = vec![1f32; 16];
+        x[2] = f32::INFINITY;
+        let mut got = vec![];
+        head_stats(Values::F32(&x), 8, &mut got);
+        let s = got[0];
+        assert_eq!(
+            (s.l2, s.mean, s.max, s.absmax, s.nan),
+            (
+                f64::INFINITY,
+                f64::INFINITY,
+                f32::INFINITY,
+                f32::INFINITY,
+                0
+            )
+        );
+        assert_eq!(s.argmax, Some(2));
+        assert!(s.std.is_nan(), "inf - inf is no deviation: {s:?}");
+        x[3] = f32::NEG_INFINITY;
+        got.clear();
+        head_stats(Values::F32(&x), 8, &mut got);
+        assert!(got[0].mean.is_nan() && got[0].min == f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn channel_sums_leave_nan_out_and_count_it() {
+        let (n, hd, rows) = (32usize, 8usize, 7usize);
+        let mut x = values(n * rows, 5);
+        for r in 0..rows {
+            x[r * n] = f32::NAN; // channel 0: NaN in every row
+            if r % 3 == 0 {
+                x[r * n + 9] = f32::NAN; // channel 9: in some
+            }
+        }
+        x[2 * n + 16..2 * n + 24].fill(f32::NAN); // row 2's head 2: NaN only
+        let vals: Vec<Values> = x.chunks_exact(n).map(Values::F32).collect();
+        for simd in [true, false] {
+            let mut s = ChannelSums::new(n, hd);
+            if simd {
+                s.add(&vals);
+            } else {
+                for r in &vals {
+                    s.add(std::slice::from_ref(r));
+                }
+            }
+            let m = s.moments();
+            assert_eq!((m[0].count, m[0].nan), (0, rows as u64));
+            assert_eq!(m[0].reported().0.to_bits(), f64::NAN.to_bits());
+            assert!(m[0].std().is_nan());
+            for j in 1..n {
+                let col: Vec<f32> = x.chunks_exact(n).map(|r| r[j]).collect();
+                let (nan, _, mean, std, lo, hi) = without_nan(&col);
+                assert_eq!(
+                    (m[j].nan as usize, m[j].count as usize),
+                    (nan, rows - nan),
+                    "{j}"
+                );
+                assert!(
+                    (m[j].mean - mean).abs() < 1e-12 * mean.abs().max(1.0),
+                    "{j}"
+                );
+                assert!((m[j].std() - std).abs() <= 1e-9 * std.max(1.0), "{j}");
+                assert_eq!((m[j].min, m[j].max), (lo, hi));
+            }
+            // head 2's norms: six rows (row 2 holds NaNs only there); head 0's: NaN left out
+            assert_eq!(s.l2[2].2, rows as u64 - 1);
+            assert_eq!(s.l2[0].2, rows as u64);
+            let norm0: f64 = x
+                .chunks_exact(n)
+                .map(|r| {
+                    r[1..hd]
+                        .iter()
+                        .map(|v| (*v as f64).powi(2))
+                        .sum::<f64>()
+                        .sqrt()
+                })
+                .sum();
+            assert!(close(s.l2[0].0, norm0));
+        }
+    }
+
+    #[test]
+    fn loss_sums_leave_the_states_nan_out() {
+        let (mut x, y) = (values(64, 1), values(64, 2));
+        x[5] = f32::NAN;
+        x[40..48].fill(f32::NAN);
+        for hd in [32usize, 12] {
+            let heads = 64 / hd;
+            let mut got = vec![LossSums::default(); heads];
+            loss_sums(&x, &y, hd, &mut got);
+            for (h, g) in got.iter().enumerate() {
+                let pairs: Vec<(f64, f64)> = x[h * hd..(h + 1) * hd]
+                    .iter()
+                    .zip(&y[h * hd..(h + 1) * hd])
+                    .filter(|(p, _)| !p.is_nan())
+                    .map(|(p, q)| (*p as f64, *q as f64))
+                    .collect();
+                let se: f64 = pairs.iter().map(|(p, q)| (p - q).powi(2)).sum();
+                assert_eq!(
+                    (g.count as usize, g.nan as usize),
+                    (pairs.len(), hd - pairs.len())
+                );
+                assert!(close(g.se, se), "{} {}", g.se, se);
             }
         }
     }

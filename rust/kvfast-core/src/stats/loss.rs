@@ -6,14 +6,21 @@
 //! pooled `rel` = ||B - A|| / ||A|| and `cosine` over every value of the group together, and the
 //! per-row `rel_mean`, `rel_max`, `cosine_mean`, `cosine_min` over the rows where they are defined
 //! (a row of A that is all zeros has no relative error, a zero row on either side no cosine).
+//!
+//! NaN (the rule of `moments`): a value that is NaN in A (for `compare`, in A or B) is left out of
+//! every sum and counted in `nan`; `count` is the values compared. A group with no value compared
+//! has NaN errors (`mse`, `max_abs` as well). A NaN B makes of a value of A (a round trip's NaN
+//! scale) is an error, and makes the errors it enters NaN.
 
 use crate::plan::columns::{Table, Values};
 
 /// What one row (one head of one cell) of A loses against B: the sums over its values.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct RowLoss {
-    /// Values in the row.
+    /// Values of the row compared (not NaN).
     pub n: u64,
+    /// Values of the row left out (NaN).
+    pub nan: u64,
     /// Sum of (a - b)^2.
     pub se: f64,
     pub max_abs: f64,
@@ -42,6 +49,32 @@ pub fn cosine_of(aa: f64, bb: f64, ab: f64) -> f64 {
 }
 
 impl RowLoss {
+    /// Add the pair (a, b) of one value: left out (counted in `nan`) when `left_out`.
+    #[inline(always)]
+    pub fn add(&mut self, a: f32, b: f32, left_out: bool) {
+        if left_out {
+            self.nan += 1;
+            return;
+        }
+        let (x, y) = (a as f64, b as f64);
+        let d = x - y;
+        self.n += 1;
+        self.se += d * d;
+        self.max_abs = self.max_abs.max(d.abs());
+        self.aa += x * x;
+        self.bb += y * y;
+        self.ab += x * y;
+    }
+
+    /// The largest |a - b|: NaN of no value compared.
+    pub fn max_abs(&self) -> f64 {
+        if self.n == 0 {
+            f64::NAN
+        } else {
+            self.max_abs
+        }
+    }
+
     pub fn rel(&self) -> f64 {
         rel_of(self.se, self.aa)
     }
@@ -58,6 +91,8 @@ impl RowLoss {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LossSums {
     pub count: u64,
+    /// Values left out (NaN).
+    pub nan: u64,
     pub se: f64,
     pub max_abs: f64,
     pub aa: f64,
@@ -78,6 +113,7 @@ impl Default for LossSums {
     fn default() -> Self {
         LossSums {
             count: 0,
+            nan: 0,
             se: 0.0,
             max_abs: 0.0,
             aa: 0.0,
@@ -98,6 +134,7 @@ impl LossSums {
     /// Add one row's loss.
     pub fn add_row(&mut self, r: &RowLoss) {
         self.count += r.n;
+        self.nan += r.nan;
         self.se += r.se;
         self.max_abs = self.max_abs.max(r.max_abs);
         self.aa += r.aa;
@@ -120,6 +157,7 @@ impl LossSums {
 
     pub fn merge(&mut self, o: &LossSums) {
         self.count += o.count;
+        self.nan += o.nan;
         self.se += o.se;
         self.max_abs = self.max_abs.max(o.max_abs);
         self.aa += o.aa;
@@ -134,9 +172,18 @@ impl LossSums {
         self.cos_min = self.cos_min.min(o.cos_min);
     }
 
-    /// The mean squared error over every value.
+    /// The mean squared error over every value (NaN of none).
     pub fn mse(&self) -> f64 {
         self.se / self.count as f64
+    }
+
+    /// The largest |a - b| over every value (NaN of none).
+    pub fn max_abs(&self) -> f64 {
+        if self.count == 0 {
+            f64::NAN
+        } else {
+            self.max_abs
+        }
     }
 
     /// Pooled: ||B - A|| / ||A|| over every value (the Frobenius norms of the rows together).
@@ -173,6 +220,7 @@ impl LossSums {
 pub struct LossColumns {
     rows: Vec<u64>,
     count: Vec<u64>,
+    nan: Vec<u64>,
     f: [Vec<f64>; 8],
 }
 
@@ -192,9 +240,10 @@ impl LossColumns {
     pub fn push(&mut self, s: &LossSums) {
         self.rows.push(s.rows);
         self.count.push(s.count);
+        self.nan.push(s.nan);
         let values = [
             s.mse(),
-            s.max_abs,
+            s.max_abs(),
             s.rel(),
             s.cosine(),
             s.rel_mean(),
@@ -207,10 +256,11 @@ impl LossColumns {
         }
     }
 
-    /// rows, count, then `LOSS_NAMES`.
+    /// rows, count, nan, then `LOSS_NAMES`.
     pub fn write(self, out: &mut Table) {
         out.push("rows", Values::U64(self.rows));
         out.push("count", Values::U64(self.count));
+        out.push("nan", Values::U64(self.nan));
         for (name, col) in LOSS_NAMES.into_iter().zip(self.f) {
             out.push(name, Values::F64(col));
         }
@@ -232,6 +282,15 @@ mod tests {
             r.aa += x * x;
             r.bb += y * y;
             r.ab += x * y;
+        }
+        r
+    }
+
+    /// A row through `RowLoss::add`, a pair left out where either is NaN (as `compare` does).
+    fn row32(a: &[f32], b: &[f32]) -> RowLoss {
+        let mut r = RowLoss::default();
+        for (&x, &y) in a.iter().zip(b) {
+            r.add(x, y, x.is_nan() || y.is_nan());
         }
         r
     }
@@ -272,5 +331,28 @@ mod tests {
         s.add_row(&row(&[1.0, 1.0], &[1.0, 1.0]));
         assert_eq!(s.cos_rows, 1);
         assert!((s.cos_min - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn nan_values_are_left_out_and_counted() {
+        let mut s = LossSums::default();
+        s.add_row(&row32(&[f32::NAN, 3.0, 4.0], &[1.0, 3.0, 5.0]));
+        assert_eq!((s.rows, s.count, s.nan), (1, 2, 1));
+        assert_eq!((s.mse(), s.max_abs()), (0.5, 1.0));
+        assert!((s.rel() - 1.0 / 5.0).abs() < 1e-12);
+        // a row of NaNs only: counted, no value compared, no error
+        let mut none = LossSums::default();
+        none.add_row(&row32(&[f32::NAN, f32::NAN], &[1.0, 2.0]));
+        assert_eq!((none.rows, none.count, none.nan), (1, 0, 2));
+        assert!(none.mse().is_nan() && none.max_abs().is_nan() && none.rel().is_nan());
+        assert!(none.cosine().is_nan() && none.rel_mean().is_nan());
+        s.merge(&none);
+        assert_eq!((s.rows, s.count, s.nan, s.max_abs()), (2, 2, 3, 1.0));
+        let mut cols = LossColumns::default();
+        cols.push(&none);
+        let mut t = Table::default();
+        cols.write(&mut t);
+        let names: Vec<_> = t.columns.iter().map(|c| c.name).collect();
+        assert_eq!(&names[..4], ["rows", "count", "nan", "mse"]);
     }
 }

@@ -10,7 +10,7 @@ use crate::stats::kernels::{head_stats, loss_sums, vector_heads, ChannelSums, Si
 use crate::stats::loss::RowLoss;
 use crate::values::view::RecordView;
 
-/// Per-(cell, head) statistics as columns.
+/// Per-(cell, head) statistics as columns (NaN values left out and counted: see `moments`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CellStats {
     pub l2: Vec<f64>,
@@ -19,7 +19,9 @@ pub struct CellStats {
     pub min: Vec<f32>,
     pub max: Vec<f32>,
     pub absmax: Vec<f32>,
-    pub argmax: Vec<u32>,
+    /// None for a head of NaNs only.
+    pub argmax: Vec<Option<u32>>,
+    pub nan: Vec<u32>,
 }
 
 impl CellStats {
@@ -49,7 +51,8 @@ pub fn cell_stats(v: &RecordView, cells: &[usize], head_dim: usize) -> CellStats
         min: vec![0.0; rows],
         max: vec![0.0; rows],
         absmax: vec![0.0; rows],
-        argmax: vec![0; rows],
+        argmax: vec![None; rows],
+        nan: vec![0; rows],
     };
     let per = v.chunk_cells();
     let cols = &mut all;
@@ -69,9 +72,10 @@ fn stats_chunks(v: &RecordView, cells: &[usize], head_dim: usize, per: usize, al
         .zip(all.max.par_chunks_mut(k))
         .zip(all.absmax.par_chunks_mut(k))
         .zip(all.argmax.par_chunks_mut(k))
+        .zip(all.nan.par_chunks_mut(k))
         .zip(cells.par_chunks(per))
         .for_each(
-            |(((((((l2, mean), std), min), max), absmax), argmax), chunk)| {
+            |((((((((l2, mean), std), min), max), absmax), argmax), nan), chunk)| {
                 let mut out = StatsOut {
                     at: 0,
                     l2,
@@ -81,6 +85,7 @@ fn stats_chunks(v: &RecordView, cells: &[usize], head_dim: usize, per: usize, al
                     max,
                     absmax,
                     argmax,
+                    nan,
                 };
                 let direct = direct_f16(v, head_dim);
                 let mut row = vec![0f32; n];
@@ -106,7 +111,8 @@ struct StatsOut<'a> {
     min: &'a mut [f32],
     max: &'a mut [f32],
     absmax: &'a mut [f32],
-    argmax: &'a mut [u32],
+    argmax: &'a mut [Option<u32>],
+    nan: &'a mut [u32],
 }
 
 impl Sink for StatsOut<'_> {
@@ -120,6 +126,7 @@ impl Sink for StatsOut<'_> {
         self.max[i] = s.max;
         self.absmax[i] = s.absmax;
         self.argmax[i] = s.argmax;
+        self.nan[i] = s.nan;
         self.at += 1;
     }
 }
@@ -153,8 +160,11 @@ fn stored_row<'a>(v: &RecordView<'a>, c: usize) -> Option<&'a [u8]> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Accum {
     pub channels: Vec<Moments>,
-    /// Per head: (sum of L2 norms of its cell rows, largest L2 norm, rows).
+    /// Per head: (sum of L2 norms of its cell rows, largest L2 norm, rows), over the rows whose
+    /// head holds a value that is not NaN.
     pub l2: Vec<(f64, f64, u64)>,
+    /// The cells summed (each once).
+    pub cells: u64,
 }
 
 impl Accum {
@@ -162,10 +172,12 @@ impl Accum {
         Accum {
             channels: vec![Moments::default(); n_embd],
             l2: vec![(0.0, 0.0, 0); heads],
+            cells: 0,
         }
     }
 
     pub fn merge(&mut self, o: &Accum) {
+        self.cells += o.cells;
         for (a, b) in self.channels.iter_mut().zip(&o.channels) {
             a.merge(b);
         }
@@ -236,6 +248,7 @@ fn accumulate_chunks(
             }
             Accum {
                 channels: sums.moments(),
+                cells: sums.rows(),
                 l2: sums.l2,
             }
         })
@@ -263,7 +276,8 @@ fn add_rows<'a>(sums: &mut ChannelSums, rows: impl Iterator<Item = Values<'a>>) 
     sums.add(&group[..k]);
 }
 
-/// Errors between matched rows of two records, per head.
+/// Errors between matched rows of two records, per head, over the pairs of values of which
+/// neither is NaN (`nan` counts the pairs left out; none left: every error NaN).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PairStat {
     pub mse: f64,
@@ -271,27 +285,19 @@ pub struct PairStat {
     pub cosine: f64,
     /// ||a - b|| / ||a||.
     pub rel: f64,
-    /// The sums the above come from (summed over many rows by `LossSums`).
+    /// The sums the above come from (summed over many rows by `LossSums`), with `nan`: the
+    /// pairs left out.
     pub loss: RowLoss,
 }
 
 fn pair(a: &[f32], b: &[f32]) -> PairStat {
-    let mut r = RowLoss {
-        n: a.len() as u64,
-        ..RowLoss::default()
-    };
+    let mut r = RowLoss::default();
     for (&x, &y) in a.iter().zip(b) {
-        let (x, y) = (x as f64, y as f64);
-        let d = x - y;
-        r.se += d * d;
-        r.max_abs = r.max_abs.max(d.abs());
-        r.aa += x * x;
-        r.bb += y * y;
-        r.ab += x * y;
+        r.add(x, y, x.is_nan() || y.is_nan());
     }
     PairStat {
-        mse: r.se / a.len() as f64,
-        max_abs: r.max_abs,
+        mse: r.se / r.n as f64,
+        max_abs: r.max_abs(),
         cosine: r.cosine(),
         rel: r.rel(),
         loss: r,

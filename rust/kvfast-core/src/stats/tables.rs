@@ -51,7 +51,8 @@ pub enum TableError {
 
 /// One table per record (one stream's K or V of one layer): a row per (cell, sequence, head) of
 /// the cells at positions >= `skip_first`; index columns, then l2, mean, std, min, max, absmax,
-/// argmax. No record: one table of no rows.
+/// argmax (null for a head of NaNs only) and nan (the head's NaN values, left out of the rest: see
+/// `moments`). No record: one table of no rows.
 pub fn cell_stats(p: &Pass, skip_first: i32) -> Result<Vec<Table>, TableError> {
     // the records in parallel too: a record's index columns are built on one thread, so one
     // record at a time would leave the other threads idle while they are
@@ -77,7 +78,7 @@ pub fn cell_stats(p: &Pass, skip_first: i32) -> Result<Vec<Table>, TableError> {
     Ok(out)
 }
 
-/// The l2, mean, std, min, max, absmax and argmax columns of per-(cell, head) statistics.
+/// The l2, mean, std, min, max, absmax, argmax and nan columns of per-(cell, head) statistics.
 fn push_cell_stats(t: &mut Table, stats: CellStats) {
     t.push("l2", Values::F64(stats.l2));
     t.push("mean", Values::F64(stats.mean));
@@ -85,13 +86,17 @@ fn push_cell_stats(t: &mut Table, stats: CellStats) {
     t.push("min", Values::F32(stats.min));
     t.push("max", Values::F32(stats.max));
     t.push("absmax", Values::F32(stats.absmax));
-    t.push("argmax", Values::U32(stats.argmax));
+    t.push_opt_u32("argmax", stats.argmax);
+    t.push("nan", Values::U32(stats.nan));
 }
 
-/// count, mean, std, min, max, absmax columns.
+/// count, cells, nan, mean, std, min, max, absmax columns: `count` values summarized over `cells`
+/// cells, `nan` values left out (NaN); NaN statistics of no value.
 #[derive(Default)]
 struct MomentCols {
     count: Vec<u64>,
+    nan: Vec<u64>,
+    cells: Vec<u64>,
     mean: Vec<f64>,
     std: Vec<f64>,
     min: Vec<f64>,
@@ -100,17 +105,22 @@ struct MomentCols {
 }
 
 impl MomentCols {
-    fn push(&mut self, m: &Moments) {
+    fn push(&mut self, m: &Moments, cells: u64) {
+        let (mean, min, max, absmax) = m.reported();
         self.count.push(m.count);
-        self.mean.push(if m.count == 0 { f64::NAN } else { m.mean });
+        self.nan.push(m.nan);
+        self.cells.push(cells);
+        self.mean.push(mean);
         self.std.push(m.std());
-        self.min.push(m.min as f64);
-        self.max.push(m.max as f64);
-        self.absmax.push(m.absmax as f64);
+        self.min.push(min);
+        self.max.push(max);
+        self.absmax.push(absmax);
     }
 
     fn write(self, out: &mut Table) {
         out.push("count", Values::U64(self.count));
+        out.push("cells", Values::U64(self.cells));
+        out.push("nan", Values::U64(self.nan));
         out.push("mean", Values::F64(self.mean));
         out.push("std", Values::F64(self.std));
         out.push("min", Values::F64(self.min));
@@ -195,7 +205,7 @@ pub fn aggregate(p: &Pass, skip_first: i32) -> Result<[Table; 3], TableError> {
             chan.key(j0, ml);
             chan.head.push((c / hd) as u16);
             chan.channel.push((c % hd) as u32);
-            chan.moments.push(m);
+            chan.moments.push(m, acc.cells);
         }
         let mut all = Moments::default();
         let (mut l2_sum, mut l2_max, mut rows) = (0f64, 0f64, 0u64);
@@ -204,17 +214,17 @@ pub fn aggregate(p: &Pass, skip_first: i32) -> Result<[Table; 3], TableError> {
             all.merge(&m);
             head.key(j0, ml);
             head.head.push(h as u16);
-            head.moments.push(&m);
+            head.moments.push(&m, acc.cells);
             head.l2_mean.push(mean_of(sum, r));
-            head.l2_max.push(max);
+            head.l2_max.push(if r == 0 { f64::NAN } else { max });
             l2_sum += sum;
             l2_max = l2_max.max(max);
             rows += r;
         }
         layer.key(j0, ml);
-        layer.moments.push(&all);
+        layer.moments.push(&all, acc.cells);
         layer.l2_mean.push(mean_of(l2_sum, rows));
-        layer.l2_max.push(l2_max);
+        layer.l2_max.push(if rows == 0 { f64::NAN } else { l2_max });
     }
     Ok([
         chan.finish(true, true),

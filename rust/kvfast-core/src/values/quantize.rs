@@ -6,8 +6,16 @@ use half::f16;
 use crate::format::types::GgmlType;
 use crate::values::decode::IQ4NL;
 
+/// A block's f16 scale as the reference quantizers store it (GGML_FP32_TO_FP16, ggml's
+/// ggml_compute_fp32_to_fp16): to nearest even, and a NaN as 0x7e00 with its sign, its payload
+/// dropped.
 fn put_f16(out: &mut [u8], at: usize, x: f32) {
-    out[at..at + 2].copy_from_slice(&f16::from_f32(x).to_bits().to_le_bytes());
+    let h = if x.is_nan() {
+        ((x.to_bits() >> 16) & 0x8000) as u16 | 0x7e00
+    } else {
+        f16::from_f32(x).to_bits()
+    };
+    out[at..at + 2].copy_from_slice(&h.to_le_bytes());
 }
 
 /// ggml's GGML_FP32_TO_BF16: round to nearest even, NaN kept quiet.
@@ -39,12 +47,11 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) {
         }
         GgmlType::Q8_0 => {
             for (b, xs) in out.chunks_exact_mut(34).zip(x.chunks_exact(32)) {
-                let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
-                let d = amax / 127.0;
+                let d = q8_0_amax(xs) / 127.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 put_f16(b, 0, d);
                 for j in 0..32 {
-                    b[2 + j] = ((xs[j] * id).round() as i8) as u8;
+                    b[2 + j] = c_i8((xs[j] * id).round()) as u8;
                 }
             }
         }
@@ -100,6 +107,33 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) {
             }
         }
     }
+}
+
+/// The absmax of a q8_0 block as quantize_row_q8_0_ref folds it, `amax = MAX(amax, fabsf(v))`
+/// with ggml's `MAX(a, b) = a > b ? a : b`: a NaN makes it NaN and the next value replaces it. So
+/// a block of NaNs, or one whose last value is NaN, has a NaN scale (every value decodes to NaN),
+/// and one with a NaN elsewhere the absmax of the values after its last NaN. (`f32::max` would
+/// drop the NaN: a zero scale for a block of NaNs.)
+fn q8_0_amax(xs: &[f32]) -> f32 {
+    xs.iter().fold(0f32, |a, v| {
+        let v = v.abs();
+        if a > v {
+            a
+        } else {
+            v
+        }
+    })
+}
+
+/// C's conversion of a float to int8_t as ggml's x86-64 builds do it: to int32 (CVTTSS2SI: NaN and
+/// values out of its range give 0x80000000), then its low byte. Only a block whose absmax was
+/// reset by a NaN has values past ±127.5 to convert (they wrap, as in ggml); `as i8` would
+/// saturate them.
+fn c_i8(q: f32) -> i8 {
+    if q.is_nan() || !(-2147483648.0..2147483648.0).contains(&q) {
+        return 0;
+    }
+    q as i32 as i8
 }
 
 /// Write 32 quants: low nibbles into qs, the 5th bits (for 5-bit types) into qh before qs.
@@ -190,12 +224,11 @@ pub fn q8_0_round_trip(x: &[f32], y: &mut [f32]) {
 
 /// One block of `q8_0_round_trip`, as ggml computes it.
 fn q8_0_block(xs: &[f32], ys: &mut [f32]) {
-    let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
-    let d = amax / 127.0;
+    let d = q8_0_amax(xs) / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let dd = f16::from_f32(d).to_f32();
     for (y, x) in ys.iter_mut().zip(xs) {
-        *y = ((x * id).round() as i8) as f32 * dd;
+        *y = c_i8((x * id).round()) as f32 * dd;
     }
 }
 
@@ -293,5 +326,54 @@ mod tests {
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             assert_eq!(a.to_bits(), b.to_bits(), "value {i}: {a} vs {b}");
         }
+    }
+
+    /// quantize_row_q8_0_ref's bytes for one block (its scale's f16 bits, its quants).
+    fn q8_0(xs: &[f32]) -> (u16, Vec<i8>) {
+        let mut q = vec![0u8; 34];
+        quantize_row(GgmlType::Q8_0, xs, &mut q);
+        let d = u16::from_le_bytes([q[0], q[1]]);
+        (d, q[2..].iter().map(|&b| b as i8).collect())
+    }
+
+    #[test]
+    fn q8_0_nan_blocks_as_ggml() {
+        let base: Vec<f32> = (0..32).map(|j| (j as f32 - 10.0) / 3.0).collect();
+        // a block of NaNs: a NaN scale (f32::max folded it to 0, a zero scale), ggml's 0x7e00
+        // whatever the NaN's payload
+        let (d, qs) = q8_0(&[f32::NAN; 32]);
+        assert_eq!(d, 0x7e00);
+        assert!(qs.iter().all(|&q| q == 0));
+        assert_eq!(q8_0(&[f32::from_bits(0xffc1_2345); 32]).0, 0x7e00);
+        // the last value NaN: MAX(amax, NaN) is NaN, a NaN scale
+        let mut x = base.clone();
+        x[31] = f32::NAN;
+        let (d, qs) = q8_0(&x);
+        assert!(f16::from_bits(d).is_nan());
+        assert!(qs.iter().all(|&q| q == 0));
+        // a NaN before the largest values: dropped from the absmax (7 = x[31]), quant 0
+        let mut x = base.clone();
+        x[2] = 40.0;
+        x[10] = f32::NAN;
+        let (d, qs) = q8_0(&x);
+        assert_eq!(f16::from_bits(d), f16::from_f32(7.0 / 127.0));
+        assert_eq!((qs[10], qs[31]), (0, 127));
+        // a NaN after the largest: the absmax is the values' after it, and 40 / d wraps as
+        // ggml's int8_t conversion does: round(725.7) = 726 = 0x2d6, low byte 0xd6 = -42
+        assert_eq!(qs[2], -42);
+        assert_eq!(qs[0], -60);
+        // the round trip decodes the same bytes
+        let mut q = vec![0u8; 34];
+        quantize_row(GgmlType::Q8_0, &x, &mut q);
+        let mut want = vec![0f32; 32];
+        decode_row(GgmlType::Q8_0, &q, &mut want);
+        let mut got = vec![0f32; 32];
+        q8_0_round_trip(&x, &mut got);
+        for (a, b) in got.iter().zip(&want) {
+            assert_eq!(a.to_bits(), b.to_bits());
+        }
+        let mut got = vec![0f32; 32];
+        q8_0_round_trip(&[f32::NAN; 32], &mut got);
+        assert!(got.iter().all(|v| v.is_nan()));
     }
 }
