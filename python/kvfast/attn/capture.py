@@ -102,6 +102,8 @@ class Capture:
         self._keep: list[int | None] = []  # per row: its row in the writer's file
         self._writer: Writer | None = None
         self._cursor: dict[int, int] = {}
+        # the positions each RoPE's input held when the decode began (tensor address -> values)
+        self._positions: dict[int, list[int]] = {}
         self._error: BaseException | None = None
         self.extra: Callable[[int, bool], bool] | None = None  # a second callback (tests)
         self.callback = _callback_type()(self._call)
@@ -113,6 +115,7 @@ class Capture:
     def begin(self, rows: list[tuple[int, int]], keep: list[int | None], writer: Writer | None) -> None:
         self._rows, self._keep, self._writer = rows, keep, writer
         self._cursor = dict.fromkeys(self.layers, 0)
+        self._positions = {}
         self._error = None
 
     def end(self) -> None:
@@ -172,6 +175,14 @@ class Capture:
                 s.sinks = self._sinks(n.src(4))
                 self._want[ptr] = il
                 return True
+        elif op == "ROPE":
+            # read now, before the op runs: by the time the attention op has run, the graph
+            # allocator may have given the buffer of the positions (their last reader was the
+            # last layer's RoPE) to a later tensor (real Gemma 3 270M's layer 17)
+            pos = n.src(1)
+            fresh = pos is not None and pos.ptr not in self._positions
+            if fresh and pos is not None and pos.t.type == GGML_TYPE_I32 and not pos.t.view_src:
+                self._positions[pos.ptr] = g.ints(pos).tolist()
         elif op == "SOFT_MAX" and name.startswith(b"kq_soft_max-"):
             il = int(name.rsplit(b"-", 1)[1])
             if il in self.seen:
@@ -244,12 +255,11 @@ class Capture:
         self._cursor[il] = start + ns * nt
         rope = g.find(p, "ROPE")
         pos = None if rope is None else rope.src(1)
-        if pos is not None and pos.t.type == GGML_TYPE_I32 and not pos.t.view_src:
-            got = g.ints(pos)[: ns * nt]
-            if got.tolist() != [r[0] for r in rows]:
-                raise RuntimeError(
-                    f"model layer {il}: the queries' positions {got.tolist()[:8]} are not the batch's"
-                )
+        read = None if pos is None else self._positions.get(pos.ptr)
+        if read is not None:
+            got = read[: ns * nt]
+            if got != [r[0] for r in rows]:
+                raise RuntimeError(f"model layer {il}: the queries' positions {got[:8]} are not the batch's")
             seen.positions_checked = True
         w = self._writer
         if w is None:
