@@ -67,9 +67,8 @@ def resolve(pkg: griffe.Module, obj: griffe.Object | griffe.Alias, name: str) ->
             found = scope.resolve(first)
         except (griffe.NameResolutionError, AttributeError, KeyError):
             found = None
-        if found is not None:
-            if (found_path := _lookup(pkg, f"{found}.{rest}" if rest else found)) is not None:
-                return found_path
+        if found is not None and (found_path := _lookup(pkg, f"{found}.{rest}" if rest else found)):
+            return found_path
         scope = scope.parent
     return _lookup(pkg, f"{pkg.name}.{name}")
 

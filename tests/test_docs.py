@@ -21,7 +21,8 @@ from s3_server import moto_s3
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(
-    r"^(?:<!--\s*not run:(?P<why>[^\n]*?)-->\n)?```(?P<lang>[^\n`]*)\n(?P<body>.*?)^```$", re.DOTALL | re.MULTILINE
+    r"^(?:<!--\s*not run:(?P<why>[^\n]*?)-->\n)?```(?P<lang>[^\n`]*)\n(?P<body>.*?)^```$",
+    re.DOTALL | re.MULTILINE,
 )
 #: blocks the test suite cannot run (a server left running, a shell's own environment, make itself,
 #: pip building llama-cpp-python, a GGUF of the reader's own, minutes of llama.cpp decoding)
@@ -105,7 +106,9 @@ def _run(block: Block, folder: Path, argv: list[str]) -> None:
                 for p in sorted(BUCKET_STATES.iterdir()):
                     if p.suffix in (".bin", ".ggsq", ".ggsn"):
                         fs.put(str(p), f"{BUCKET}/{p.name}")
-                r = subprocess.run(argv, cwd=folder, env=_env(extra), capture_output=True, text=True, check=False)
+                r = subprocess.run(
+                    argv, cwd=folder, env=_env(extra), capture_output=True, text=True, check=False
+                )
             finally:
                 for k in aws:
                     os.environ.pop(k, None)

@@ -22,7 +22,11 @@ PICTURES = DOCS / "pictures"
 def on_pre_build(config: Any, **kwargs: Any) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         r = subprocess.run(
-            [sys.executable, str(HERE / "draw.py"), tmp], cwd=ROOT, capture_output=True, text=True, check=False
+            [sys.executable, str(HERE / "draw.py"), tmp],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if r.returncode != 0:
             raise RuntimeError(f"drawing the documentation's pictures failed:\n{r.stdout}{r.stderr}")
