@@ -37,8 +37,8 @@ test-python:
 lint:
 	cargo fmt --check
 	cargo clippy --all-targets -q -- -D warnings
-	$(VENV)/bin/ruff check python tests benches examples
-	$(VENV)/bin/ruff format --check python tests benches examples
+	$(VENV)/bin/ruff check python tests benches examples docs
+	$(VENV)/bin/ruff format --check python tests benches examples docs
 	$(VENV)/bin/mypy
 	cd tests && ../$(PY) -m mypy.stubtest kvfast._kvfast --allowlist stubtest-allowlist.txt
 
@@ -53,7 +53,7 @@ docs-serve: install
 
 fmt:
 	cargo fmt
-	$(VENV)/bin/ruff format python tests benches examples
+	$(VENV)/bin/ruff format python tests benches examples docs
 
 bench: install
 	$(PY) benches/bench_values.py

@@ -6,7 +6,8 @@ bare name in the scope of the object, then of its parents (their members and imp
 ``kvfast``. A ``~`` shows the last part only. A name no scope knows is still written as a reference,
 so that autorefs fails the strict build on it: a docstring naming a wrong target is caught.
 
-Doctest lines (``>>>`` and their ``...`` continuations) become ``pycon`` code blocks.
+Doctest lines (``>>>`` and their ``...`` continuations) become ``pycon`` code blocks, and a list
+right under a paragraph gets the blank line Markdown needs to see a list.
 """
 
 from __future__ import annotations
@@ -73,11 +74,20 @@ def resolve(pkg: griffe.Module, obj: griffe.Object | griffe.Alias, name: str) ->
     return _lookup(pkg, f"{pkg.name}.{name}")
 
 
+LIST_ITEM = re.compile(r"(?:[-*] |\d+\. )")
+
+
 def _doctests(text: str) -> str:
     out: list[str] = []
     block = False
     for line in text.splitlines():
         code = line.lstrip().startswith((">>>", "..."))
+        # Markdown starts a list only after a blank line: a docstring's list right under its
+        # paragraph would run into the paragraph
+        if not block and LIST_ITEM.match(line) and out and out[-1].strip():
+            prev = out[-1]
+            if not prev.startswith(" ") and not LIST_ITEM.match(prev):
+                out.append("")
         if code and not block:
             out.append("```pycon")
             block = True
