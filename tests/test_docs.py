@@ -25,8 +25,8 @@ FENCE = re.compile(
     re.DOTALL | re.MULTILINE,
 )
 #: blocks the test suite cannot run (a server left running, a shell's own environment, make itself,
-#: pip building llama-cpp-python, a GGUF of the reader's own, minutes of llama.cpp decoding)
-NOT_RUN = 9
+#: pip building llama-cpp-python (for the CPU, or with CUDA), a GGUF of the reader's own, minutes of llama.cpp decoding)
+NOT_RUN = 10
 #: the bucket the object-storage examples read: moto's S3 server, the states of this folder
 BUCKET, BUCKET_STATES = "kvfast-docs/runs", ROOT / "tests/data/qwen3tiny-f16-fa"
 
