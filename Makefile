@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo install test test-rust test-python lint fmt bench fuzz clean
+.PHONY: demo install test test-rust test-python lint fmt docs docs-serve bench fuzz clean
 
 # Install kvfast (no extras) and print the structure of the bundled sample state.
 demo: $(PY)
@@ -14,14 +14,15 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# Build the extension (release) and install it with its test tools, matplotlib, Ray Data and
-# llama-cpp-python (built from source: about 6 minutes on 2 cores the first time, then pip's
+# Build the extension (release) and install it with its test tools, the documentation's tools,
+# matplotlib, Ray Data and llama-cpp-python (built from source: about 6 minutes on 2 cores the first time, then pip's
 # wheel cache makes it instant on the same machine); constraints.txt holds the packages pip would
 # otherwise backtrack through for tens of minutes.
 install: $(PY)
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) install -q -c constraints.txt '.[test,plot,probe,ray,s3]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) install -q -c constraints.txt '.[test,plot,probe,ray,s3,docs]'
 
-# The whole test suite: Rust unit tests, lint and type checks, Python tests.
+# The whole test suite: Rust unit tests, lint and type checks, Python tests (which run every example
+# of README.md and docs/, and build the documentation site strictly: tests/test_docs.py).
 test: install test-rust lint test-python
 
 # The core's tests and the binding's: kvfast-py's test binary links because pyo3's
@@ -40,6 +41,15 @@ lint:
 	$(VENV)/bin/ruff format --check python tests benches examples docs
 	$(VENV)/bin/mypy
 	cd tests && ../$(PY) -m mypy.stubtest kvfast._kvfast --allowlist stubtest-allowlist.txt
+
+# The documentation site, built strictly (a broken link, reference or any warning fails) into
+# site/ (gitignored; open site/index.html), and served locally with a rebuild on every edit.
+# The build draws the pictures (docs/hooks/pictures.py) with the kvfast of $(VENV).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 fmt:
 	cargo fmt

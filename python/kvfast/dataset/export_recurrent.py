@@ -9,7 +9,7 @@ Parquet files, named so that no documented read of the value table meets them: a
 ``*.parquet`` (Polars, DuckDB) does not match ``.parq``, and pyarrow (``pyarrow.dataset``,
 ``pandas.read_parquet``) skips a folder whose name starts with ``_``. They are published with the
 state's folder, in the same rename. Read them with ``pl.read_parquet("OUT/*/_recurrent/kind-s.parq")``
-(or :func:`files`).
+(or :func:`kvfast.dataset.export_read.recurrent_files`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ as :mod:`kvfast.probe` drives it): the proof that a written state is one llama.c
 the measuring stick of an edit (the logits after it against those after the unedited state).
 
 >>> with Replay("tiny-qwen3.gguf", ctk="f16") as r:      # doctest: +SKIP
-...     full = r.prompt([5, 6, 7], save="full.ggsq")       # decode, save the sequence
+...     full = r.prompt([5, 6, 7])                         # decode; the last token's logits
+...     r.save("full.ggsq", "seq_file", tokens=[5, 6, 7])  # save the sequence as llama.cpp does
 ...     r.clear(); r.load("pruned.ggsq")                   # a fresh cache, then the edited state
 ...     logits = r.step(8, pos=3)                          # the next token's logits
 """

@@ -102,7 +102,7 @@ class State:
         # said once, when values are first read (opening, info and layout read none)
         #: what is undecided and the advice, and this state's evidence (None: all is certain)
         self._rotation_warning: tuple[str, str] | None = info["rotation_warning"]
-        #: Whether K values are read before RoPE (``pre_rope=True``; see :mod:`kvfast.pre_rope`).
+        #: Whether K values are read before RoPE (``pre_rope=True``; see :mod:`kvfast.model.pre_rope`).
         self.pre_rope = pre_rope
 
     @property
@@ -174,7 +174,7 @@ class State:
         )
 
     def _repr_html_(self) -> str:
-        """A short HTML summary for notebooks (see :mod:`kvfast.display`)."""
+        """A short HTML summary for notebooks (see :mod:`kvfast.read.display`)."""
         from kvfast.read.display import dump_html
 
         return dump_html(self)
@@ -182,7 +182,7 @@ class State:
     # -- scalars -------------------------------------------------------------------------------
     @property
     def remote(self) -> bool:
-        """Whether the state is an object in storage, read by ranged requests (see :mod:`kvfast.remote`)."""
+        """Whether the state is an object in storage, read by ranged requests (see :mod:`kvfast.read.remote`)."""
         return remote.is_url(self.path)
 
     @property
@@ -259,7 +259,7 @@ class State:
 
     def cell_tokens(self) -> pl.DataFrame:
         """The token and piece of every cell: cache, stream, cell, pos, token, piece (null where not
-        known); join on (cache, stream, cell). See :mod:`kvfast.tokens`."""
+        known); join on (cache, stream, cell). See :mod:`kvfast.read.tokens`."""
         self._live()
         return token_text.cell_tokens(self)
 
@@ -595,17 +595,17 @@ def open(
 
     ``rotation`` (``"auto"``, ``"hadamard"`` or ``"none"``): llama.cpp stores quantized caches
     Hadamard-rotated since April 2026; by default kvfast gives values in the model's basis wherever
-    the evidence says they were rotated (see :attr:`State.rotation` and :mod:`kvfast.rotation`);
+    the evidence says they were rotated (see :attr:`State.rotation` and :mod:`kvfast.model.rotation`);
     ``"none"`` gives the values as stored.
 
     ``pre_rope=True`` (with ``model``, a GGUF file) gives keys before RoPE: every pass (values,
     tables, stats, compare, scans, exports, pictures) undoes llama.cpp's RoPE of each K cell from
-    its position and the model's rope parameters, after any rotation (see :mod:`kvfast.pre_rope`);
+    its position and the model's rope parameters, after any rotation (see :mod:`kvfast.model.pre_rope`);
     without a model it raises :class:`kvfast.errors.PreRopeError`.
 
     ``path`` may be a URL (``s3://bucket/key``, or any protocol fsspec reads): the state is read by
     ranged requests, its metadata at open and then only the rows each pass reads (see
-    :mod:`kvfast.remote`; credentials and endpoint from the AWS variables or ``storage_options``;
+    :mod:`kvfast.read.remote`; credentials and endpoint from the AWS variables or ``storage_options``;
     deadlines and the metadata bound from ``storage_options={"kvfast": {"connect_timeout": ...,
     "read_timeout": ..., "min_rate": ..., "metadata_limit": ...}}``, see
     :mod:`kvfast.read.remote.limits`); :attr:`State.fetched_bytes` counts what was fetched.

@@ -70,7 +70,7 @@ def keep_mask(dump: State, keep: Any, sync: bool) -> list[list[list[bool]]]:
     """Per cache (the recurrent part, if any, last: ``[]``, every cell kept), per stream, per cell:
     whether the cell is kept. ``sync``: a token (stream, position, sequences) dropped from one
     attention cache is dropped from every cache that holds it (both caches of an iSWA pair), and only
-    that token (:func:`_synced`)."""
+    that token (``_synced``)."""
     stats: list[str] = []
     if isinstance(keep, pl.Expr):
         stats = sorted({n for n in keep.meta.root_names() if n in STAT_COLUMNS})
