@@ -178,3 +178,24 @@ def test_pictures_of_an_iswa_capture(tmp_path: Path) -> None:
         full = plot.attention_map(st, q, 2, heads=[0])
         img = next(ax for ax in full.axes if ax.images).images[0].get_array()
         assert (~np.ma.getmaskarray(img)).sum(axis=1).tolist() == [5, 6, 7, 8, 9, 10]  # causal
+
+
+def test_plot_command_draws_attention(
+    tmp_path: Path, with_pieces: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    side = sidecar(random_queries([4, 5, 6], seed=4), tmp_path / "q.queries")
+    for what, extra in (
+        ("attention", ["--layer", "1", "--heads", "0", "1", "--cells", "2:7"]),
+        ("attention-mass", []),
+    ):
+        out = tmp_path / f"{what}.png"
+        assert main(["plot", what, str(with_pieces), "--queries", str(side), *extra, "-o", str(out)]) == 0
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (
+        main(["plot", "attention", str(with_pieces), "--queries", str(side), "-o", str(tmp_path / "x.png")])
+        != 0
+    )
+    assert "needs --layer" in capsys.readouterr().err
+    assert main(["plot", "attention-mass", str(with_pieces), "-o", str(tmp_path / "y.png")]) != 0
+    assert "--queries" in capsys.readouterr().err
