@@ -242,7 +242,9 @@ def test_attention_scores_for_pruning(tmp_path: Path) -> None:
         n = kvfast.write(st, tmp_path / "pruned.bin", keep=keep)
         assert n > 0
         s = attn.sinks(st, q)
-        assert s.columns == ["cache", "stream", "cell", "pos", "share", "k_l2", "share_rank", "k_l2_rank"]
+        assert s.columns == [
+            "cache", "stream", "cell", "pos", "piece", "share", "mass", "k_l2", "share_rank", "mass_rank", "k_l2_rank",
+        ]  # fmt: skip
         assert s["share_rank"].to_list()[0] == 1 and s.height == 7
         with pytest.raises(ValueError, match="rule must be one of"):
             attn.scores(st, q, "knorm")  # type: ignore[arg-type]

@@ -11,7 +11,6 @@ instead of skipping.
 
 import json
 import os
-import sys
 import warnings
 from pathlib import Path
 
@@ -232,44 +231,6 @@ def test_a_sequence_taken_from_a_whole_state_loads(tmp_path: Path) -> None:
         r.clear()
         r.load(tmp_path / "x.ggsq", seq=0)
         assert r.seq_pos_max(0) == len(other) - 1 and r.tokens == other
-
-
-def test_the_prune_loop_example_runs(tmp_path: Path) -> None:
-    """examples/prune_loop.py on the tiny model: a row per rule and ratio, the unpruned rows exact."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "examples/prune_loop.py"
-    spec = importlib.util.spec_from_file_location("prune_loop", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    table = mod.run(HD128, PROMPT * 3, [0.0, 0.5], 2, 2, 3, tmp_path)
-    assert table.height == 4 and (tmp_path / "prune_loop.png").stat().st_size > 1000
-    full = table.filter(pl.col("ratio") == 0)
-    assert full["kl_max"].max() == 0 and full["top1_agreement"].min() == 1
-    assert table.filter(pl.col("ratio") == 0.5)["cells_kept"].max() < 1
-
-
-def test_the_prune_loop_says_first_when_it_falls_back_to_the_tiny_model(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Without Gemma's package the example runs the tiny random-weight model, and says so on the
-    first line of its output (not only among the progress lines)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "examples/prune_loop.py"
-    spec = importlib.util.spec_from_file_location("prune_loop", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    monkeypatch.setattr(mod, "gemma", lambda: None)
-    argv = ["prune_loop.py", "--ratios", "0", "--steps", "1", "--out", str(tmp_path)]
-    monkeypatch.setattr(sys, "argv", argv)
-    assert mod.main() == 0
-    first = capsys.readouterr().out.splitlines()[0]
-    assert "tiny random-weight model" in first and "not Gemma 3 270M" in first
-    model, line = mod.choose_model(HD128)
-    assert model == HD128 and line == f"model: {HD128}"
 
 
 def test_gemma3_iswa_states(tmp_path: Path) -> None:

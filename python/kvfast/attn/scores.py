@@ -16,6 +16,7 @@ by the score.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -97,25 +98,47 @@ def sinks(
     queries: QueriesArg,
     *,
     model: str | os.PathLike[str] | None = None,
+    layers: Sequence[int] | None = None,
     incomplete: Incomplete = "skip",
 ) -> pl.DataFrame:
-    """Attention sinks two ways, per cell of each cache (cache, stream, cell, pos): ``share``, the
-    mean share of a query head's attention it received (its mass over layers and heads, divided by
-    the query heads that saw it: StreamingLLM's sinks are the first cells, by this), and ``k_l2``,
-    its key norm (mean over layers and heads: :meth:`kvfast.State.stats`), each with its rank
-    (``share_rank`` and ``k_l2_rank``, 1 the largest), largest share first."""
+    """Attention sinks and heavy hitters two ways, one row per cell of each cache that some query
+    saw (cache, stream, cell, pos, and the token's ``piece`` where the state knows it):
+
+    - ``share``: the mean share of a query head's attention the cell received (its mass over layers
+      and heads, divided by the query heads that saw it): StreamingLLM's sinks are the first cells
+      by this;
+    - ``mass``: the attention it accumulated, summed over the queries, layers and heads (H2O's
+      heavy hitters, its score under ``scores(rule="h2o")``): a cell seen by more queries gathers
+      more, so early cells lead;
+    - ``k_l2``: its key norm (mean over layers and heads: :meth:`kvfast.State.stats`), which
+      predicts attention without queries: KnormPress keeps the keys of smallest norm;
+
+    each with its rank within the cache: ``share_rank`` and ``mass_rank`` (1 the largest),
+    ``k_l2_rank`` (1 the smallest norm, the cell the key norm rates most attended), the rows
+    sorted by ``share_rank``. ``layers``: only these model layers' attention (and norms)."""
     q = queries if isinstance(queries, Queries) else Queries.load(queries)
-    m = mass(state, q, model=model, incomplete=incomplete)
-    per = m.group_by([*KEYS, "pos"]).agg((pl.col("mass").sum() / pl.col("queries").sum()).alias("share"))
+    m = mass(state, q, model=model, layers=layers, incomplete=incomplete)
+    per = m.group_by([*KEYS, "pos"]).agg(
+        (pl.col("mass").sum() / pl.col("queries").sum()).alias("share"), pl.col("mass").sum()
+    )
     per = per.with_columns(pl.col(c).cast(pl.Int32) for c in KEYS)
+    ml = None if layers is None else [int(x) for x in layers]
     norms = (
-        state.stats(by="cell", kinds=["k"])
+        state.stats(by="cell", kinds=["k"], model_layers=ml)
         .group_by(KEYS)
         .agg(pl.col("l2").mean().alias("k_l2"))
         .with_columns(pl.col(c).cast(pl.Int32) for c in KEYS)
     )
-    out = per.join(norms, on=KEYS, how="left")
-    return out.with_columns(
+    pieces = state.cell_tokens().select(*KEYS, "piece").with_columns(pl.col(c).cast(pl.Int32) for c in KEYS)
+    out = per.join(pieces, on=KEYS, how="left").join(norms, on=KEYS, how="left")
+    return out.select(
+        *KEYS,
+        "pos",
+        "piece",
+        "share",
+        "mass",
+        "k_l2",
         pl.col("share").rank("min", descending=True).over("cache").alias("share_rank"),
-        pl.col("k_l2").rank("min", descending=True).over("cache").alias("k_l2_rank"),
+        pl.col("mass").rank("min", descending=True).over("cache").alias("mass_rank"),
+        pl.col("k_l2").rank("min").over("cache").alias("k_l2_rank"),
     ).sort(["cache", "share_rank", "stream", "cell"])

@@ -164,11 +164,31 @@ def _emit(df: pl.DataFrame, args: argparse.Namespace, inputs: Sequence[str]) -> 
             print(df)
 
 
+def _attention_view(dump: State, args: argparse.Namespace) -> pl.DataFrame:
+    """``kvfast stats --queries Q``: each cell's attention share, accumulated mass (H2O) and key
+    norm, ranked by each (:func:`kvfast.attn.sinks`), sorted by ``--sort``."""
+    from kvfast.attn.scores import sinks
+
+    given = [f"--{n.replace('_', '-')}" for n in ("by", "layers", "kinds", "skip_first") if getattr(args, n)]
+    if given:
+        raise ValueError(
+            f"kvfast stats --queries: {given[0]} does not apply to the attention view (one row per cell;"
+            " --model-layers and --caches select)"
+        )
+    df = sinks(dump, args.queries, layers=args.model_layers)
+    if args.caches is not None:
+        df = df.filter(pl.col("cache").is_in(args.caches))
+    return df.sort("cache", f"{args.sort}_rank", "stream", "cell")
+
+
 def _cmd_stats(args: argparse.Namespace) -> int:
-    inputs = _checked(args, [args.path])
+    inputs = _checked(args, [args.path] + ([] if args.queries is None else [args.queries]))
     with cli_views.open_state(args.path, args) as dump:
+        if args.queries is not None:
+            _emit(_attention_view(dump, args), args, inputs)
+            return 0
         df = dump.stats(
-            by=args.by,
+            by=args.by or "layer",
             layers=args.layers,
             kinds=args.kinds,
             skip_first=args.skip_first,
@@ -342,10 +362,25 @@ def _parser() -> argparse.ArgumentParser:
         "stats",
         help="statistics per cell, channel, head or layer",
         description="Statistics of a state's K and V values, computed in Rust.",
-        epilog="example: kvfast stats slot0.bin --by channel --head-dim 128 -o channels.parquet",
+        epilog="examples: kvfast stats slot0.bin --by channel --head-dim 128 -o channels.parquet;"
+        " kvfast stats out/p0.ggsq --queries out/p0.queries.json --sort mass   (sinks, heavy hitters)",
     )
     stats.add_argument("path", help="a state file")
-    stats.add_argument("--by", choices=["cell", "channel", "head", "layer"], default="layer")
+    stats.add_argument(
+        "--by", choices=["cell", "channel", "head", "layer"], help="a row per ... (default: layer)"
+    )
+    stats.add_argument(
+        "--queries",
+        help="the attention view instead: per cell, the share of attention it received, the mass it"
+        " accumulated (H2O's heavy hitters) and its key norm, each with its rank, from captured queries"
+        " (a probe's <id>.queries.json; needs the model: --model or the queries' own)",
+    )
+    stats.add_argument(
+        "--sort",
+        choices=["share", "mass", "k_l2"],
+        default="share",
+        help="--queries: order by the rank of share (sinks), mass (heavy hitters) or k_l2 (smallest first)",
+    )
     stats.add_argument(
         "--skip-first", type=non_negative_int, default=0, help="leave out positions < N (attention sinks)"
     )

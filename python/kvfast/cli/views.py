@@ -125,6 +125,21 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         with open_state(args.paths[0], args) as a, open_state(args.paths[1], args) as b:
             fig = plot.diff(a, b, scale=args.scale, match=args.match)
             _save(fig, args)
+    elif args.what in ("attention", "attention-mass"):
+        from kvfast.plot import attention as attn_plot
+
+        if len(args.paths) != 1 or args.queries is None:
+            raise ValueError(f"kvfast plot {args.what} takes one state and --queries Q.json")
+        with open_state(args.paths[0], args) as d:
+            if args.what == "attention-mass":
+                fig = attn_plot.attention_mass(d, args.queries, what=args.mass)
+            else:
+                if args.layer is None:
+                    raise ValueError("kvfast plot attention needs --layer (a model layer)")
+                fig = attn_plot.attention_map(
+                    d, args.queries, args.layer, heads=args.heads, cells=args.cells, scale=args.scale
+                )
+            _save(fig, args)
     else:
         if len(args.paths) != 1:
             raise ValueError(f"kvfast plot {args.what} takes one state")
@@ -192,17 +207,31 @@ def register(sub: Any) -> None:
 
     plot = sub.add_parser(
         "plot",
-        help="pictures: layout, heatmap, stats, diff (needs matplotlib: kvfast[plot])",
-        description="Draw a state: its layout to scale, |values| of a layer, per-layer statistics, or the error"
-        " of one state against another.",
+        help="pictures: layout, heatmap, stats, diff, attention, attention-mass (needs matplotlib: kvfast[plot])",
+        description="Draw a state: its layout to scale, |values| of a layer, per-layer statistics, the error"
+        " of one state against another, or the attention of captured queries (a layer's weights per head,"
+        " the attention each cell received).",
         epilog="examples: kvfast plot layout slot0.bin -o layout.png;"
         " kvfast plot heatmap slot0.bin --layer 3 --kind k --per-head --head-dim 128 --scale log -o k.png;"
-        " kvfast plot diff f16.bin q8.bin -o diff.png; kvfast plot diff p0.ggsq p2.ggsq --match tokens -o d.png",
+        " kvfast plot diff f16.bin q8.bin -o diff.png; kvfast plot diff p0.ggsq p2.ggsq --match tokens -o d.png;"
+        " kvfast plot attention out/p0.ggsq --queries out/p0.queries.json --layer 5 -o attn.png",
     )
-    plot.add_argument("what", choices=["layout", "heatmap", "stats", "diff"])
+    plot.add_argument("what", choices=["layout", "heatmap", "stats", "diff", "attention", "attention-mass"])
     plot.add_argument("paths", nargs="+", help="the state (two for diff)")
     plot.add_argument("-o", "--output", required=True, help="the PNG to write")
-    plot.add_argument("--layer", type=non_negative_int, help="heatmap: layer index within the cache")
+    plot.add_argument(
+        "--layer", type=non_negative_int, help="heatmap: layer index within the cache; attention: model layer"
+    )
+    plot.add_argument(
+        "--queries", help="attention, attention-mass: captured queries (a probe's <id>.queries.json)"
+    )
+    plot.add_argument("--heads", type=non_negative_int, nargs="+", help="attention: only these query heads")
+    plot.add_argument(
+        "--mass",
+        choices=["share", "mass"],
+        default="share",
+        help="attention-mass: each cell's mean share of a head's attention (sinks) or its accumulated mass (H2O)",
+    )
     plot.add_argument("--kind", choices=["k", "v"], default="k")
     plot.add_argument("--cache", type=non_negative_int, default=0)
     plot.add_argument("--per-head", action="store_true", help="heatmap: one panel per head")
@@ -216,12 +245,17 @@ def register(sub: Any) -> None:
         help="stats: leave out positions < N (attention sinks)",
     )
     plot.add_argument(
-        "--scale", choices=["linear", "log"], default="linear", help="heatmap, diff: the colour scale"
+        "--scale",
+        choices=["linear", "log"],
+        default="linear",
+        help="heatmap, diff, attention: the colour scale",
     )
     plot.add_argument(
         "--clip", type=float, help="heatmap: cap the colour scale at this percentile of |value| (e.g. 99.5)"
     )
-    plot.add_argument("--cells", type=parse_cells, help="heatmap: only cells START:STOP (e.g. 0:64)")
+    plot.add_argument(
+        "--cells", type=parse_cells, help="heatmap, attention: only cells START:STOP (e.g. 0:64)"
+    )
     plot.add_argument(
         "--match",
         choices=["sequence", "position", "tokens"],

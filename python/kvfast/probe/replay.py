@@ -40,7 +40,9 @@ def how_for(path: str | os.PathLike[str]) -> How:
 
 class Replay:
     """One model and one context (cache types ``ctk`` / ``ctv``, flash attention ``fa``) to load
-    states into and decode from; the logits of every decoded token are kept."""
+    states into and decode from; the logits of every decoded token are kept. ``swa_full``: the
+    sliding-window cache sized for every cell (llama.cpp's ``swa_full``), as in the probe runner's
+    context when it captures queries."""
 
     def __init__(
         self,
@@ -51,6 +53,7 @@ class Replay:
         fa: bool = True,
         n_ctx: int = 256,
         n_seq: int = 1,
+        swa_full: bool = False,
         verbose: bool = False,
     ) -> None:
         self.r = Runner(
@@ -63,6 +66,7 @@ class Replay:
             gpu_layers=0,
             unified=True,
             verbose=verbose,
+            swa_full=swa_full,
         )
         self.L = self.r.L
 

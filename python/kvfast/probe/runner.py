@@ -114,6 +114,7 @@ class Runner:
         unified: bool,
         verbose: bool = False,
         capture: Any = None,
+        swa_full: bool = False,
     ) -> None:
         for t in (ctk, ctv):
             if t not in TYPES:
@@ -140,7 +141,8 @@ class Runner:
             from kvfast.attn.capture import install
 
             install(cp, capture)
-            cp.swa_full = True  # a sliding-window cache keeps every cell the captured queries saw
+        # a sliding-window cache sized for every cell the captured queries saw
+        cp.swa_full = swa_full or capture is not None
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create the context (cache types, flash attention, size?)")
