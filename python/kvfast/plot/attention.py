@@ -31,6 +31,7 @@ from kvfast.plot.scale import colour_scale, select_cells
 from kvfast.read.state import State
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 __all__ = ["attention_map", "attention_mass"]
@@ -40,6 +41,19 @@ KEYS = ["stream", "cell"]
 
 def _labels(pieces: list[str | None], cells: list[int]) -> list[str]:
     return [str(c) if p is None else f"{c} {p!r}" for c, p in zip(cells, pieces, strict=True)]
+
+
+def _cell_ticks(ax: Axes, pieces: list[str | None], cell_ids: list[int], width: float) -> None:
+    """The cell axis's ticks, as many as fit in `width` inches: the tokens' pieces where the state
+    has them, else the cells' numbers."""
+    at = list(range(0, len(cell_ids), style.stride(len(cell_ids), style.fitting(width, spacing=2.2))))
+    ax.set_xticks(at)
+    if any(p is not None for p in pieces):
+        ax.set_xticklabels(
+            _labels([pieces[i] for i in at], [cell_ids[i] for i in at]), rotation=90, fontsize=style.TICK
+        )
+    else:
+        ax.set_xticklabels([str(cell_ids[i]) for i in at], fontsize=style.TICK)
 
 
 def _cache_cells(state: State, cache: int) -> pl.DataFrame:
@@ -104,14 +118,7 @@ def attention_map(
         ax.set_title(f"model layer {layer} head {h}", fontsize=style.TITLE)
         ax.set_xlabel("cell", fontsize=style.LABEL)
         ax.set_ylabel("query position" + (" (sequence)" if multi_seq else ""), fontsize=style.LABEL)
-        at = list(range(0, len(cell_ids), style.stride(len(cell_ids), style.fitting(3.4, spacing=2.2))))
-        ax.set_xticks(at)
-        if any(p is not None for p in pieces):
-            ax.set_xticklabels(
-                _labels([pieces[i] for i in at], [cell_ids[i] for i in at]), rotation=90, fontsize=style.TICK
-            )
-        else:
-            ax.set_xticklabels([str(cell_ids[i]) for i in at], fontsize=style.TICK)
+        _cell_ticks(ax, pieces, cell_ids, width=3.4)
         ys = list(range(0, rows.height, style.stride(rows.height, style.fitting(2.6))))
         ax.set_yticks(ys)
         qp, qs = rows["query_pos"].to_list(), rows["seq_id"].to_list()
@@ -162,14 +169,7 @@ def attention_mass(
         ax.bar(x, y, width=1.0, color="#1f77b4", edgecolor="none")
         ax.set_xlim(-0.5, len(y) - 0.5)
         pieces, cell_ids = cols["piece"].to_list(), cols["cell"].to_list()
-        at = list(range(0, len(y), style.stride(len(y), style.fitting(11.0, spacing=2.2))))
-        ax.set_xticks(at)
-        if any(p is not None for p in pieces):
-            ax.set_xticklabels(
-                _labels([pieces[i] for i in at], [cell_ids[i] for i in at]), rotation=90, fontsize=style.TICK
-            )
-        else:
-            ax.set_xticklabels([str(cell_ids[i]) for i in at], fontsize=style.TICK)
+        _cell_ticks(ax, pieces, cell_ids, width=11.0)
         ax.set_xlabel("cell" if len(caches) == 1 else f"cell of cache {cache}", fontsize=style.LABEL)
         ax.set_ylabel(
             "mean share of a head's attention" if what == "share" else "attention accumulated",
