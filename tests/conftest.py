@@ -7,9 +7,20 @@ import pytest
 
 import kvfast
 from kvfast.dataset import INDEX_SCHEMA
+from kvfast.model import ModelGeometry
 from kvfast.read.schema import GGML_TYPE
 
 DATA = Path(__file__).parent / "data"
+#: Gemma 3 270M's geometry, for its llama-server saves in data/gemma3-270m-server (no GGUF here): 18
+#: layers of one 256-wide KV head, every 6th global (cache 0), the others sliding-window (cache 1)
+GEMMA_270M = ModelGeometry(
+    arch="gemma3",
+    n_layer=18,
+    head_dim_k=256,
+    head_dim_v=256,
+    n_head_kv=(1,) * 18,
+    swa=tuple(i % 6 < 5 for i in range(18)),
+)
 # Folders written through the C API (probe.json lists their sequences); llama-server's slot saves
 # (gemma3-270m-server) have tests of their own.
 _PROBED_ALL = sorted(

@@ -14,10 +14,10 @@ import numpy as np
 import polars as pl
 import pytest
 from conftest import DATA
+from conftest import GEMMA_270M as GEMMA
 
 import kvfast
 from kvfast.cli import main
-from kvfast.model import ModelGeometry
 from kvfast.probe import manifest as probe_manifest
 
 pytest.importorskip("matplotlib")
@@ -26,14 +26,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from kvfast import plot
 from kvfast.plot import comparison, style
 
-GEMMA = ModelGeometry(
-    arch="gemma3",
-    n_layer=18,
-    head_dim_k=256,
-    head_dim_v=256,
-    n_head_kv=(1,) * 18,
-    swa=tuple(i % 6 < 5 for i in range(18)),
-)
 SERVER = DATA / "gemma3-270m-server"
 SLOT = SERVER / "gemma3-270m-server-f16-slot0.bin"
 QWEN = DATA / "qwen3tiny-f16-fa/seq-0.ggsq"

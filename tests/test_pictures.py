@@ -7,25 +7,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import DATA
+from conftest import GEMMA_270M as GEMMA
 
 import kvfast
 from kvfast import synth
 from kvfast.cli import main
-from kvfast.model import ModelGeometry
 
 pytest.importorskip("matplotlib")
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from kvfast import plot
 
-GEMMA = ModelGeometry(
-    arch="gemma3",
-    n_layer=18,
-    head_dim_k=256,
-    head_dim_v=256,
-    n_head_kv=(1,) * 18,
-    swa=tuple(i % 6 < 5 for i in range(18)),
-)
 SLOT = DATA / "gemma3-270m-server/gemma3-270m-server-f16-slot0.bin"
 HD128 = DATA / "qwen3hd128-q8_0-fa/seq-0.ggsq"
 MODEL128 = DATA / "models/tiny-qwen3-hd128.gguf"

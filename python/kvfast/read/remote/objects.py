@@ -99,19 +99,13 @@ def expand(url: str, suffixes: set[str], storage_options: StorageOptions = None)
     if any(c in path for c in "*?["):
         found = listing(s, "listing the objects", lambda: fs._glob(path), lambda: fs.glob(path))
         found = sorted(found)
-    elif protocol(url) in HTTP:
-        if not path.endswith("/"):
-            return [url]
-        found = objects(
-            listing(
-                s,
-                "listing the objects",
-                lambda: fs._find(path, maxdepth=1),
-                lambda: fs.find(path, maxdepth=1),
-            )
-        )
     else:
-        is_dir = listing(s, "listing the objects", lambda: fs._isdir(path), lambda: fs.isdir(path))
+        # a folder's objects; an http(s) URL is one only when it ends in /: fsspec's isdir GETs the
+        # whole object to tell
+        if protocol(url) in HTTP:
+            is_dir = path.endswith("/")
+        else:
+            is_dir = listing(s, "listing the objects", lambda: fs._isdir(path), lambda: fs.isdir(path))
         if not is_dir:
             return [url]
         found = objects(
