@@ -6,7 +6,7 @@ import gguf
 import numpy as np
 import polars as pl
 import pytest
-from conftest import DATA, proc_status_kb
+from conftest import DATA, GEMMA_270M, proc_status_kb
 
 import kvfast
 from kvfast import _kvfast, synth
@@ -192,14 +192,12 @@ def test_compare_and_quant_error_share_their_error_columns(tmp_path: Path) -> No
     both carry the pooled rel / cosine next to the per-cell means (which NumPy recomputes)."""
     from kvfast.analysis import LOSS_COLUMNS
 
-    gemma = kvfast.model.ModelGeometry(
-        arch="gemma3",
-        n_layer=18,
-        head_dim_k=256,
-        head_dim_v=256,
-        n_head_kv=(1,) * 18,
-        swa=tuple(i % 6 < 5 for i in range(18)),
+    # kvfast-core names them (stats/loss.rs); the public names, pinned
+    assert LOSS_COLUMNS == (
+        *("rows", "count", "nan", "mse", "max_abs", "rel", "cosine"),
+        *("rel_mean", "rel_max", "cosine_mean", "cosine_min"),
     )
+    gemma = GEMMA_270M
     f16 = kvfast.open(DATA / "gemma3-270m-server/gemma3-270m-server-f16-slot0.bin", model=gemma)
     kvfast.write(f16, tmp_path / "q.bin", cache_type_k="q4_0", cache_type_v="q8_0")
     q = kvfast.open(tmp_path / "q.bin", model=gemma)

@@ -7,6 +7,7 @@ from typing import Any, final
 __version__: str
 INDEX_COLUMNS: dict[str, str]
 KINDS: list[str]
+LOSS_COLUMNS: list[str]
 MAX_LAYERS: int
 MAX_SEQ: int
 MAX_VALUES: int
@@ -14,6 +15,7 @@ WRITE_VERSIONS: dict[str, list[int]]
 __all__ = [
     "INDEX_COLUMNS",
     "KINDS",
+    "LOSS_COLUMNS",
     "MAX_LAYERS",
     "MAX_SEQ",
     "MAX_VALUES",

@@ -26,19 +26,7 @@ from kvfast.read import select as checks
 from kvfast.read.opened import OpenState
 
 By = Literal["cell", "channel", "head", "layer"]
-LOSS_COLUMNS = (
-    "rows",
-    "count",
-    "nan",
-    "mse",
-    "max_abs",
-    "rel",
-    "cosine",
-    "rel_mean",
-    "rel_max",
-    "cosine_mean",
-    "cosine_min",
-)
+LOSS_COLUMNS = tuple(_kvfast.LOSS_COLUMNS)
 """The error columns :func:`quant_error` and ``compare(by="layer")`` share, per group of (cell,
 head) rows (a head of one layer, or a layer): ``rows`` rows of ``count`` values in all, and ``nan``
 values left out (NaN in A, or in A or B for ``compare``: each error is over the other values, NaN

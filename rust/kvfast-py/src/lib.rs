@@ -45,7 +45,7 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parquet_write::write_parquet, m)?)?;
     model_read::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    // the index columns' types and the record kinds, as kvfast-core defines them
+    // the index columns' types, the record kinds and the loss columns, as kvfast-core defines them
     let index = pyo3::types::PyDict::new(m.py());
     for (name, ty) in kvfast_core::plan::columns::INDEX {
         index.set_item(name, ty.name())?;
@@ -53,5 +53,10 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("INDEX_COLUMNS", index)?;
     let kinds: Vec<&str> = kvfast_core::Kind::ALL.iter().map(|k| k.name()).collect();
     m.add("KINDS", kinds)?;
+    // the error columns quant_error and compare share, in their order
+    let loss = kvfast_core::stats::loss::LOSS_COUNTS
+        .iter()
+        .chain(&kvfast_core::stats::loss::LOSS_NAMES);
+    m.add("LOSS_COLUMNS", loss.copied().collect::<Vec<&str>>())?;
     Ok(())
 }

@@ -68,11 +68,7 @@ impl RowLoss {
 
     /// The largest |a - b|: NaN of no value compared.
     pub fn max_abs(&self) -> f64 {
-        if self.n == 0 {
-            f64::NAN
-        } else {
-            self.max_abs
-        }
+        unless_none(self.n, self.max_abs)
     }
 
     pub fn rel(&self) -> f64 {
@@ -179,11 +175,7 @@ impl LossSums {
 
     /// The largest |a - b| over every value (NaN of none).
     pub fn max_abs(&self) -> f64 {
-        if self.count == 0 {
-            f64::NAN
-        } else {
-            self.max_abs
-        }
+        unless_none(self.count, self.max_abs)
     }
 
     /// Pooled: ||B - A|| / ||A|| over every value (the Frobenius norms of the rows together).
@@ -198,20 +190,22 @@ impl LossSums {
 
     /// The mean of the rows' relative errors (NaN when no row has one).
     pub fn rel_mean(&self) -> f64 {
-        if self.rel_rows == 0 {
-            f64::NAN
-        } else {
-            self.rel_sum / self.rel_rows as f64
-        }
+        unless_none(self.rel_rows, self.rel_sum / self.rel_rows as f64)
     }
 
     /// The mean of the rows' cosines (NaN when no row has one).
     pub fn cosine_mean(&self) -> f64 {
-        if self.cos_rows == 0 {
-            f64::NAN
-        } else {
-            self.cos_sum / self.cos_rows as f64
-        }
+        unless_none(self.cos_rows, self.cos_sum / self.cos_rows as f64)
+    }
+}
+
+/// `x`, a statistic of `n` things: NaN when there are none (never the 0 or the -inf of an empty
+/// sum or fold).
+fn unless_none(n: u64, x: f64) -> f64 {
+    if n == 0 {
+        f64::NAN
+    } else {
+        x
     }
 }
 
@@ -223,6 +217,9 @@ pub struct LossColumns {
     nan: Vec<u64>,
     f: [Vec<f64>; 8],
 }
+
+/// The names of `LossColumns`' count columns (UInt64), in order: before `LOSS_NAMES`.
+pub const LOSS_COUNTS: [&str; 3] = ["rows", "count", "nan"];
 
 /// The names of `LossColumns`' float columns, in order.
 pub const LOSS_NAMES: [&str; 8] = [
@@ -256,11 +253,14 @@ impl LossColumns {
         }
     }
 
-    /// rows, count, nan, then `LOSS_NAMES`.
+    /// `LOSS_COUNTS`, then `LOSS_NAMES`.
     pub fn write(self, out: &mut Table) {
-        out.push("rows", Values::U64(self.rows));
-        out.push("count", Values::U64(self.count));
-        out.push("nan", Values::U64(self.nan));
+        for (name, col) in LOSS_COUNTS
+            .into_iter()
+            .zip([self.rows, self.count, self.nan])
+        {
+            out.push(name, Values::U64(col));
+        }
         for (name, col) in LOSS_NAMES.into_iter().zip(self.f) {
             out.push(name, Values::F64(col));
         }
