@@ -111,6 +111,34 @@ def test_weights_equal_numpy_on_one_sequence() -> None:
         assert t.filter(pl.col("query_pos") == 0)["rank"].to_list() == [0] * 8  # one cell seen
 
 
+def test_reductions_in_one_pass_equal_each_alone() -> None:
+    with kvfast.open(STATE, model=QWEN3) as st:
+        q = random_queries([0, 1, 2, 3, 4, 5, 6])
+        got = attn.reductions(st, q, ("weights", "mass", "entropy", "top_k"), k=3, chunk=2)
+        assert list(got) == ["weights", "mass", "entropy", "top_k"]
+        alone = {
+            "weights": attn.attention(st, q, chunk=2),
+            "mass": attn.mass(st, q, chunk=2),
+            "entropy": attn.entropy(st, q, chunk=2),
+            "top_k": attn.top_k(st, q, 3, chunk=2),
+        }
+        for name, want in alone.items():
+            assert got[name].columns == want.columns and got[name].height == want.height > 0
+            if name == "mass":  # sums over chunks added in the order they finish
+                assert got[name].drop("mass").equals(want.drop("mass"))
+                np.testing.assert_allclose(got[name]["mass"], want["mass"], rtol=1e-12)
+            else:
+                assert got[name].equals(want), name
+        assert list(attn.reductions(st, q)) == ["mass", "entropy", "top_k"]
+        for bad in ([], ["mass", "mass"]):
+            with pytest.raises(ValueError, match="at most once, and one at least"):
+                attn.reductions(st, q, bad)
+        with pytest.raises(ValueError, match="what must be 'weights', 'mass'"):
+            attn.reductions(st, q, ["heads"])  # type: ignore[list-item]
+        with pytest.raises(ValueError, match="k must be positive"):
+            attn.reductions(st, q, ["top_k"], k=0)
+
+
 def test_weights_follow_the_sequences_of_a_shared_state() -> None:
     """A whole-context state of three sequences sharing a prefix: a query sees its own
     sequence's cells (the prefix's cells hold all three)."""

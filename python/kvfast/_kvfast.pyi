@@ -183,7 +183,7 @@ def attention(
     pos: Any,
     seq: Any,
     blocks: list[tuple[int, int, int, int]],
-    what: str,
+    what: list[str],
     k: int = 0,
     layers: list[int] | None = None,
     heads: list[int] | None = None,
@@ -191,7 +191,7 @@ def attention(
     sinks: dict[int, list[float]] | None = None,
     incomplete: str = "error",
     chunk: int = 64,
-) -> ArrowStream: ...
+) -> list[ArrowStream]: ...
 def write_parquet(
     state: State,
     parts: list[tuple[str, list[tuple[int, int, str]], str | None]],

@@ -1,8 +1,9 @@
 """Attention from llama.cpp: query vectors captured while it decodes (:mod:`.capture`, written by
 the probe runner's ``queries=`` option in the format of :mod:`.queries`), and the attention of
 queries over a state's cache computed in Rust (:mod:`.weights`): the weights, the mass each cell
-received, each query's entropy, its top cells; and what they are for (:mod:`.scores`): attention
-sinks by mass next to sinks by key norm, and the attention-based pruning scores (H2O, SnapKV, TOVA).
+received, each query's entropy, its top cells, or several of them in one pass (:func:`.reductions`);
+and what they are for (:mod:`.scores`): attention sinks by mass next to sinks by key norm, and the
+attention-based pruning scores (H2O, SnapKV, TOVA).
 
 >>> q = kvfast.attn.Queries.load("out/p00000.queries.json")        # doctest: +SKIP
 >>> with kvfast.open("out/p00000.ggsq") as st:                     # doctest: +SKIP
@@ -14,7 +15,7 @@ The capture module is imported when used (it needs llama-cpp-python), not with t
 
 from kvfast.attn.queries import Queries, QueryLayer
 from kvfast.attn.scores import by_attention, scores, sinks
-from kvfast.attn.weights import attention, entropy, mass, top_k
+from kvfast.attn.weights import attention, entropy, mass, reductions, top_k
 
 __all__ = [
     "Queries",
@@ -23,6 +24,7 @@ __all__ = [
     "by_attention",
     "entropy",
     "mass",
+    "reductions",
     "scores",
     "sinks",
     "top_k",

@@ -33,6 +33,8 @@ from kvfast.read.state import State
 
 QueriesArg = Queries | str | os.PathLike[str]
 Incomplete = Literal["error", "skip"]
+Reduction = Literal["weights", "mass", "entropy", "top_k"]
+REDUCTIONS: tuple[Reduction, ...] = ("weights", "mass", "entropy", "top_k")
 
 
 def _model(state: State, q: Queries, model: str | os.PathLike[str] | None) -> str:
@@ -67,7 +69,7 @@ def _scales(model: str, q: Queries, scale: float | dict[int, float] | None) -> d
 def _call(
     state: State,
     queries: QueriesArg,
-    what: str,
+    what: Sequence[str],
     k: int,
     model: str | os.PathLike[str] | None,
     layers: Sequence[int] | None,
@@ -76,7 +78,7 @@ def _call(
     sinks: dict[int, Sequence[float]] | None,
     incomplete: Incomplete,
     chunk: int,
-) -> pl.DataFrame:
+) -> list[pl.DataFrame]:
     q = queries if isinstance(queries, Queries) else Queries.load(queries)
     m = _model(state, q, model)
     rotated = {int(lay.info.get("rotation") or 0) for lay in q.layers} - {0}
@@ -94,7 +96,7 @@ def _call(
         if sinks is not None
         else {lay.model_layer: [float(x) for x in lay.sinks] for lay in q.layers if lay.sinks is not None}
     )
-    stream = _kvfast.attention(
+    streams = _kvfast.attention(
         state._live(),
         m,
         np.ascontiguousarray(q.values, dtype=np.float32),
@@ -102,7 +104,7 @@ def _call(
         np.ascontiguousarray(q.pos, dtype=np.int32),
         np.ascontiguousarray(q.seq, dtype=np.int32),
         [(lay.model_layer, lay.offset, lay.n_head, lay.head_dim) for lay in q.layers],
-        what,
+        list(what),
         k=k,
         layers=None if layers is None else [int(x) for x in layers],
         heads=None if heads is None else [int(x) for x in heads],
@@ -111,7 +113,12 @@ def _call(
         incomplete=incomplete,
         chunk=chunk,
     )
-    return pl.DataFrame(stream)
+    return [pl.DataFrame(s) for s in streams]
+
+
+def _check_k(k: int) -> None:
+    if k < 1:
+        raise ValueError(f"k must be positive, not {k}")
 
 
 def attention(
@@ -130,7 +137,7 @@ def attention(
     head, query_pos, seq_id, cell) with the cell's pos and its ``weight`` (float64, each query
     head's weights summing to 1 less any sink's share). ``layers``: model layers; ``heads``: query
     heads."""
-    return _call(state, queries, "weights", 0, model, layers, heads, scale, sinks, incomplete, chunk)
+    return _call(state, queries, ["weights"], 0, model, layers, heads, scale, sinks, incomplete, chunk)[0]
 
 
 def mass(
@@ -148,7 +155,7 @@ def mass(
     """The attention mass each cell received, summed over the queries (per cache, stream, layer,
     model_layer, head, cell, pos: ``mass`` and ``queries``, how many saw the cell), without keeping
     the weights: H2O's accumulated attention, StreamingLLM's sinks."""
-    return _call(state, queries, "mass", 0, model, layers, heads, scale, sinks, incomplete, chunk)
+    return _call(state, queries, ["mass"], 0, model, layers, heads, scale, sinks, incomplete, chunk)[0]
 
 
 def entropy(
@@ -165,7 +172,7 @@ def entropy(
 ) -> pl.DataFrame:
     """The entropy (nats) of each query head's weights: per cache, layer, model_layer, head,
     query_pos, seq_id, with ``cells``, how many it saw (group by head for a head's mean)."""
-    return _call(state, queries, "entropy", 0, model, layers, heads, scale, sinks, incomplete, chunk)
+    return _call(state, queries, ["entropy"], 0, model, layers, heads, scale, sinks, incomplete, chunk)[0]
 
 
 def top_k(
@@ -183,6 +190,31 @@ def top_k(
 ) -> pl.DataFrame:
     """The ``k`` cells of largest weight of each query head, largest first (``rank`` 0): the
     columns of :func:`attention` and ``rank``."""
-    if k < 1:
-        raise ValueError(f"k must be positive, not {k}")
-    return _call(state, queries, "top_k", k, model, layers, heads, scale, sinks, incomplete, chunk)
+    _check_k(k)
+    return _call(state, queries, ["top_k"], k, model, layers, heads, scale, sinks, incomplete, chunk)[0]
+
+
+def reductions(
+    state: State,
+    queries: QueriesArg,
+    what: Sequence[Reduction] = ("mass", "entropy", "top_k"),
+    k: int = 8,
+    *,
+    model: str | os.PathLike[str] | None = None,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    scale: float | dict[int, float] | None = None,
+    sinks: dict[int, Sequence[float]] | None = None,
+    incomplete: Incomplete = "error",
+    chunk: int = 64,
+) -> dict[str, pl.DataFrame]:
+    """Several of :func:`attention` (``"weights"``), :func:`mass`, :func:`entropy` and
+    :func:`top_k` (``k`` cells) in one pass: each query head's weights computed once for all of
+    them, a table of each by name, as each function gives it."""
+    names = list(what)
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"what: give each of {', '.join(REDUCTIONS)} at most once, and one at least")
+    if "top_k" in names:
+        _check_k(k)
+    tables = _call(state, queries, names, k, model, layers, heads, scale, sinks, incomplete, chunk)
+    return dict(zip(names, tables, strict=True))

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use kvfast_core::attention::params::LayerAttn;
-use kvfast_core::attention::pass::{run, Block, Incomplete, Queries, Reduce, Request};
+use kvfast_core::attention::pass::{run_many, Block, Incomplete, Queries, Reduce, Request};
 use kvfast_core::model::geometry::Model;
 use kvfast_core::Kind;
 use pyo3::buffer::{Element, PyBuffer};
@@ -54,8 +54,8 @@ fn items<'a, T: Element>(buf: &'a PyBuffer<T>, what: &str) -> Result<&'a [T]> {
     Ok(unsafe { &*ptr.as_ptr() })
 }
 
-/// A pass of queries over `state`'s cache: `what` is "weights", "mass", "entropy" or "top_k"
-/// (`k` cells). `values`: float32 rows of `row_len` values, `pos` / `seq` (int32) per row;
+/// A pass of queries over `state`'s cache, a stream for each of `what` ("weights", "mass",
+/// "entropy" or "top_k", of `k` cells), every query head's weights computed once for all. `values`: float32 rows of `row_len` values, `pos` / `seq` (int32) per row;
 /// `blocks`: (model_layer, offset, n_head, head_dim) of each layer's heads in a row; `scale`,
 /// `sinks`: per model layer, in place of the model's.
 #[pyfunction]
@@ -70,7 +70,7 @@ pub fn attention(
     pos: PyBuffer<i32>,
     seq: PyBuffer<i32>,
     blocks: Vec<(u32, usize, usize, usize)>,
-    what: &str,
+    what: Vec<String>,
     k: usize,
     layers: Option<Vec<u32>>,
     heads: Option<Vec<u32>>,
@@ -78,18 +78,19 @@ pub fn attention(
     sinks: Option<HashMap<u32, Vec<f64>>>,
     incomplete: &str,
     chunk: usize,
-) -> Result<ArrowStream> {
-    let what = match what {
-        "weights" => Reduce::Weights,
-        "mass" => Reduce::Mass,
-        "entropy" => Reduce::Entropy,
-        "top_k" => Reduce::TopK(k),
-        other => {
-            return Err(Error::Python(pyo3::exceptions::PyValueError::new_err(
+) -> Result<Vec<ArrowStream>> {
+    let whats = what
+        .iter()
+        .map(|w| match w.as_str() {
+            "weights" => Ok(Reduce::Weights),
+            "mass" => Ok(Reduce::Mass),
+            "entropy" => Ok(Reduce::Entropy),
+            "top_k" => Ok(Reduce::TopK(k)),
+            other => Err(Error::Python(pyo3::exceptions::PyValueError::new_err(
                 format!("what must be 'weights', 'mass', 'entropy' or 'top_k', not {other:?}"),
-            )))
-        }
-    };
+            ))),
+        })
+        .collect::<Result<Vec<_>>>()?;
     let incomplete = match incomplete {
         "error" => Incomplete::Error,
         "skip" => Incomplete::Skip,
@@ -142,6 +143,6 @@ pub fn attention(
             incomplete,
             chunk,
         };
-        Ok(stream(run(&req, what)?))
+        Ok(run_many(&req, &whats)?.into_iter().map(stream).collect())
     })
 }

@@ -411,7 +411,8 @@ struct Ctx<'a> {
     starts: &'a [usize],
 }
 
-/// The cells query `r` sees in a task's cache, checked against what its sequence holds.
+/// The cells query `r` sees in a task's cache (in stream, then cell order), checked against what
+/// its sequence holds.
 fn seen(x: &Ctx, r: usize, out: &mut Vec<Seen>) -> Result<bool, AttnError> {
     let (req, t, keys, held) = (x.req, x.t, x.keys, x.held);
     let (p1, sq) = (req.queries.pos[r], req.queries.seq[r]);
@@ -466,18 +467,47 @@ fn seen(x: &Ctx, r: usize, out: &mut Vec<Seen>) -> Result<bool, AttnError> {
     }
 }
 
-/// One chunk of queries of a task: rows of its reduction, and (for the mass) its sums per head
-/// and cell (cells of every stream in a row).
+/// A query head's rows of the cells `ix` (indices into its `cells` and weights `w`), with their
+/// rank where `rank`.
+#[allow(clippy::too_many_arguments)]
+fn emit(
+    rows: &mut Rows,
+    t: &Task,
+    keys: &Keys,
+    (h, p1, sq): (usize, i32, u8),
+    cells: &[Seen],
+    w: &[f64],
+    ix: &[usize],
+    rank: bool,
+) {
+    rows.key(t, h, ix.len());
+    rows.query_pos.extend(std::iter::repeat_n(p1, ix.len()));
+    rows.seq.extend(std::iter::repeat_n(sq, ix.len()));
+    for (k, &j) in ix.iter().enumerate() {
+        let (s, c) = cells[j];
+        rows.stream.push(keys.streams[s as usize].index as u8);
+        rows.cell.push(c);
+        rows.pos.push(keys.streams[s as usize].pos[c as usize]);
+        rows.weight.push(w[j]);
+        if rank {
+            rows.rank.push(k as u16);
+        }
+    }
+}
+
+/// One chunk of queries of a task: rows of each reduction asked (in the order of `whats`), from
+/// one computation of each query head's weights, and (for the mass) its sums per head and cell
+/// (cells of every stream in a row).
 fn chunk(
     x: &Ctx,
     qs: std::ops::Range<usize>,
-    what: Reduce,
+    whats: &[Reduce],
     mass: &mut [(f64, u32)],
-) -> Result<Rows, AttnError> {
+) -> Result<Vec<Rows>, AttnError> {
     let (req, t, keys, starts) = (x.req, x.t, x.keys, x.starts);
     let q = &req.queries;
     let d = t.attn.head_dim;
-    let mut rows = Rows::default();
+    let mut out: Vec<Rows> = whats.iter().map(|_| Rows::default()).collect();
     let mut w: Vec<f64> = vec![];
     let mut lg: Vec<f64> = vec![];
     let n_cells = *starts.last().unwrap_or(&0);
@@ -494,11 +524,19 @@ fn chunk(
         let mut union: Vec<Seen> = lists.iter().flat_map(|(_, l)| l.iter().copied()).collect();
         union.sort_unstable();
         union.dedup();
+        // where each query's cells lie in the union: both sorted (by stream, then cell), so one
+        // walk along the union
         let at: Vec<Vec<usize>> = lists
             .iter()
             .map(|(_, l)| {
+                let mut u = 0;
                 l.iter()
-                    .map(|sc| union.binary_search(sc).unwrap_or(0))
+                    .map(|sc| {
+                        while union[u] != *sc {
+                            u += 1;
+                        }
+                        u
+                    })
                     .collect()
             })
             .collect();
@@ -517,54 +555,77 @@ fn chunk(
                 w.clear();
                 w.extend(at[i].iter().map(|u| lg[i * nu + u]));
                 softmax(&mut w, t.attn.sinks.as_ref().map(|s| s[h]));
-                let mut emit = |ix: &[usize], rank: bool| {
-                    rows.key(t, h, ix.len());
-                    rows.query_pos.extend(std::iter::repeat_n(p1, ix.len()));
-                    rows.seq.extend(std::iter::repeat_n(sq, ix.len()));
-                    for (k, &j) in ix.iter().enumerate() {
-                        let (s, c) = cells[j];
-                        rows.stream.push(keys.streams[s as usize].index as u8);
-                        rows.cell.push(c);
-                        rows.pos.push(keys.streams[s as usize].pos[c as usize]);
-                        rows.weight.push(w[j]);
-                        if rank {
-                            rows.rank.push(k as u16);
+                for (rows, what) in out.iter_mut().zip(whats) {
+                    match *what {
+                        Reduce::Weights => {
+                            let ix: Vec<usize> = (0..w.len()).collect();
+                            emit(rows, t, keys, (h, p1, sq), cells, &w, &ix, false);
                         }
-                    }
-                };
-                match what {
-                    Reduce::Weights => emit(&(0..w.len()).collect::<Vec<_>>(), false),
-                    Reduce::TopK(k) => emit(&top_k(&w, k), true),
-                    Reduce::Entropy => {
-                        rows.key(t, h, 1);
-                        rows.query_pos.push(p1);
-                        rows.seq.push(sq);
-                        rows.weight.push(entropy(&w));
-                        rows.cells.push(w.len() as u32);
-                    }
-                    Reduce::Mass => {
-                        let acc = &mut mass[hi * n_cells..(hi + 1) * n_cells];
-                        for (&(s, c), x) in cells.iter().zip(&w) {
-                            let e = &mut acc[starts[s as usize] + c as usize];
-                            e.0 += x;
-                            e.1 += 1;
+                        Reduce::TopK(k) => {
+                            emit(rows, t, keys, (h, p1, sq), cells, &w, &top_k(&w, k), true)
+                        }
+                        Reduce::Entropy => {
+                            rows.key(t, h, 1);
+                            rows.query_pos.push(p1);
+                            rows.seq.push(sq);
+                            rows.weight.push(entropy(&w));
+                            rows.cells.push(w.len() as u32);
+                        }
+                        Reduce::Mass => {
+                            let acc = &mut mass[hi * n_cells..(hi + 1) * n_cells];
+                            for (&(s, c), x) in cells.iter().zip(&w) {
+                                let e = &mut acc[starts[s as usize] + c as usize];
+                                e.0 += x;
+                                e.1 += 1;
+                            }
                         }
                     }
                 }
             }
         }
     }
-    Ok(rows)
+    Ok(out)
+}
+
+/// A task's mass rows from its sums per head and cell: a row per cell some query saw.
+fn mass_rows(t: &Task, keys: &Keys, starts: &[usize], mass: &[(f64, u32)]) -> Rows {
+    let n_cells = *starts.last().unwrap_or(&0);
+    let mut m = Rows::default();
+    for (hi, &h) in t.heads.iter().enumerate() {
+        for (si, s) in keys.streams.iter().enumerate() {
+            for c in 0..s.cell_count as usize {
+                let (sum, k) = mass[hi * n_cells + starts[si] + c];
+                if k == 0 {
+                    continue;
+                }
+                m.key(t, h, 1);
+                m.stream.push(s.index as u8);
+                m.cell.push(c as u32);
+                m.pos.push(s.pos[c]);
+                m.weight.push(sum);
+                m.queries.push(k);
+            }
+        }
+    }
+    m
 }
 
 /// Run a pass: one table per computed cache layer, in cache and layer order (a pass of nothing
 /// to compute gives one table of no rows).
 pub fn run(req: &Request, what: Reduce) -> Result<Vec<Table>, AttnError> {
+    let mut out = run_many(req, &[what])?;
+    Ok(out.pop().unwrap_or_default())
+}
+
+/// Run one pass for several reductions: for each of `whats` (in order) the tables of [`run`],
+/// each query head's weights computed once for all of them.
+pub fn run_many(req: &Request, whats: &[Reduce]) -> Result<Vec<Vec<Table>>, AttnError> {
     req.check()?;
     let tasks = req.tasks()?;
     let held = positions(req.opened);
     let n = req.queries.pos.len();
-    let mut out = vec![];
+    let mut out: Vec<Vec<Table>> = whats.iter().map(|_| vec![]).collect();
+    let want_mass = whats.contains(&Reduce::Mass);
     for t in &tasks {
         let keys = req.keys(t)?;
         let mut starts = vec![0usize];
@@ -579,7 +640,7 @@ pub fn run(req: &Request, what: Reduce) -> Result<Vec<Table>, AttnError> {
             held: &held,
             starts: &starts,
         };
-        let width = if what == Reduce::Mass {
+        let width = if want_mass {
             t.heads.len() * n_cells
         } else {
             0
@@ -588,53 +649,43 @@ pub fn run(req: &Request, what: Reduce) -> Result<Vec<Table>, AttnError> {
             .step_by(req.chunk)
             .map(|a| a..(a + req.chunk).min(n))
             .collect();
+        let empty = || -> (Vec<Rows>, Vec<(f64, u32)>) {
+            (
+                whats.iter().map(|_| Rows::default()).collect(),
+                vec![(0f64, 0u32); width],
+            )
+        };
         let (rows, mass) = chunks
             .into_par_iter()
-            .try_fold(
-                || (Rows::default(), vec![(0f64, 0u32); width]),
-                |(mut rows, mut mass), qs| {
-                    let r = chunk(&ctx, qs, what, &mut mass)?;
-                    rows.append(r);
-                    Ok::<_, AttnError>((rows, mass))
-                },
-            )
-            .try_reduce(
-                || (Rows::default(), vec![(0f64, 0u32); width]),
-                |(mut a, mut ma), (b, mb)| {
+            .try_fold(empty, |(mut rows, mut mass), qs| {
+                for (a, b) in rows.iter_mut().zip(chunk(&ctx, qs, whats, &mut mass)?) {
                     a.append(b);
-                    for (x, y) in ma.iter_mut().zip(mb) {
-                        x.0 += y.0;
-                        x.1 += y.1;
-                    }
-                    Ok((a, ma))
-                },
-            )?;
-        let rows = if what == Reduce::Mass {
-            let mut m = Rows::default();
-            for (hi, &h) in t.heads.iter().enumerate() {
-                for (si, s) in keys.streams.iter().enumerate() {
-                    for c in 0..s.cell_count as usize {
-                        let (sum, k) = mass[hi * n_cells + starts[si] + c];
-                        if k == 0 {
-                            continue;
-                        }
-                        m.key(t, h, 1);
-                        m.stream.push(s.index as u8);
-                        m.cell.push(c as u32);
-                        m.pos.push(s.pos[c]);
-                        m.weight.push(sum);
-                        m.queries.push(k);
-                    }
                 }
-            }
-            m
-        } else {
-            rows
-        };
-        out.push(rows.table(what));
+                Ok::<_, AttnError>((rows, mass))
+            })
+            .try_reduce(empty, |(mut a, mut ma), (b, mb)| {
+                for (x, y) in a.iter_mut().zip(b) {
+                    x.append(y);
+                }
+                for (x, y) in ma.iter_mut().zip(mb) {
+                    x.0 += y.0;
+                    x.1 += y.1;
+                }
+                Ok((a, ma))
+            })?;
+        for ((tables, what), rows) in out.iter_mut().zip(whats).zip(rows) {
+            let rows = if *what == Reduce::Mass {
+                mass_rows(t, &keys, &starts, &mass)
+            } else {
+                rows
+            };
+            tables.push(rows.table(*what));
+        }
     }
-    if out.is_empty() {
-        out.push(Rows::default().table(what));
+    for (tables, what) in out.iter_mut().zip(whats) {
+        if tables.is_empty() {
+            tables.push(Rows::default().table(*what));
+        }
     }
     Ok(out)
 }
@@ -722,5 +773,52 @@ mod tests {
             ..req
         };
         assert_eq!(run(&skip, Reduce::Entropy).unwrap()[0].rows(), 2);
+    }
+
+    #[test]
+    fn one_pass_of_several_reductions_equals_a_pass_of_each() {
+        let (op, layers) = opened();
+        let blocks = [Block {
+            model_layer: 0,
+            offset: 0,
+            n_head: 4,
+            head_dim: 32,
+        }];
+        // queries at every position, values of no pattern (a fixed LCG)
+        let mut x = 12345u32;
+        let values: Vec<f32> = (0..7 * 128)
+            .map(|_| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (x >> 8) as f32 / (1 << 24) as f32 - 0.5
+            })
+            .collect();
+        let req = Request {
+            opened: &op,
+            layers: &layers,
+            queries: Queries {
+                values: &values,
+                row_len: 128,
+                pos: &[0, 1, 2, 3, 4, 5, 6],
+                seq: &[0; 7],
+                blocks: &blocks,
+            },
+            model_layers: None,
+            heads: None,
+            incomplete: Incomplete::Error,
+            chunk: 64, // one chunk: the same sums in the same order
+        };
+        let whats = [
+            Reduce::Mass,
+            Reduce::TopK(3),
+            Reduce::Entropy,
+            Reduce::Weights,
+        ];
+        let many = run_many(&req, &whats).unwrap();
+        assert_eq!(many.len(), whats.len());
+        for (tables, what) in many.iter().zip(whats) {
+            assert_eq!(*tables, run(&req, what).unwrap());
+            assert!(tables[0].rows() > 0);
+        }
+        assert_eq!(run_many(&req, &[]).unwrap().len(), 0);
     }
 }
