@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo install test test-rust test-python lint fmt docs docs-serve bench fuzz clean
+.PHONY: demo install dev test test-rust test-python lint fmt docs docs-serve bench fuzz clean
 
 # Install kvfast (no extras) and print the structure of the bundled sample state.
 demo: $(PY)
@@ -20,6 +20,16 @@ $(PY):
 # otherwise backtrack through for tens of minutes.
 install: $(PY)
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) install -q -c constraints.txt '.[test,plot,probe,ray,s3,docs]'
+
+# The developer loop: rebuild the extension (release) into python/kvfast/ and point the venv at
+# python/, so Python edits are live and a Rust edit needs only `make dev` again (after `make install`).
+EXT = $(shell $(PY) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+SITE = $(shell $(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+dev: $(PY)
+	cargo build --release -q -p kvfast-py --features pyo3/extension-module
+	cp target/release/lib_kvfast.so python/kvfast/_kvfast$(EXT)
+	rm -rf $(SITE)/kvfast
+	echo "$(CURDIR)/python" > $(SITE)/kvfast-dev.pth
 
 # The whole test suite: Rust unit tests, lint and type checks, Python tests (which run every example
 # of README.md and docs/, and build the documentation site strictly: tests/test_docs.py).

@@ -192,6 +192,22 @@ def attention(
     incomplete: str = "error",
     chunk: int = 64,
 ) -> list[ArrowStream]: ...
+def attention_dense(
+    state: State,
+    model: str | PathLike[str],
+    values: Any,
+    row_len: int,
+    pos: Any,
+    seq: Any,
+    blocks: list[tuple[int, int, int, int]],
+    layer: int,
+    heads: list[int] | None = None,
+    scale: dict[int, float] | None = None,
+    sinks: dict[int, list[float]] | None = None,
+    incomplete: str = "error",
+    chunk: int = 64,
+    cells: tuple[int | None, int | None] | None = None,
+) -> tuple[Any, dict[str, Any]]: ...
 def write_parquet(
     state: State,
     parts: list[tuple[str, list[tuple[int, int, str]], str | None]],

@@ -102,7 +102,7 @@ class Capture:
         self._keep: list[int | None] = []  # per row: its row in the writer's file
         self._writer: Writer | None = None
         self._cursor: dict[int, int] = {}
-        # the positions each RoPE's input held when the decode began (tensor address -> values)
+        # the positions each RoPE's input held when it last ran (tensor address -> values)
         self._positions: dict[int, list[int]] = {}
         self._error: BaseException | None = None
         self.extra: Callable[[int, bool], bool] | None = None  # a second callback (tests)
@@ -178,10 +178,11 @@ class Capture:
         elif op == "ROPE":
             # read now, before the op runs: by the time the attention op has run, the graph
             # allocator may have given the buffer of the positions (their last reader was the
-            # last layer's RoPE) to a later tensor (real Gemma 3 270M's layer 17)
+            # last layer's RoPE) to a later tensor (real Gemma 3 270M's layer 17). Read at every
+            # RoPE, never kept from an earlier one: each micro-batch (n_ubatch tokens) of a decode
+            # is a graph of its own whose positions may lie at the same address
             pos = n.src(1)
-            fresh = pos is not None and pos.ptr not in self._positions
-            if fresh and pos is not None and pos.t.type == GGML_TYPE_I32 and not pos.t.view_src:
+            if pos is not None and pos.t.type == GGML_TYPE_I32 and not pos.t.view_src:
                 self._positions[pos.ptr] = g.ints(pos).tolist()
         elif op == "SOFT_MAX" and name.startswith(b"kq_soft_max-"):
             il = int(name.rsplit(b"-", 1)[1])

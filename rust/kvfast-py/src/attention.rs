@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use kvfast_core::attention::dense;
 use kvfast_core::attention::params::LayerAttn;
 use kvfast_core::attention::pass::{run_many, Block, Incomplete, Queries, Reduce, Request};
 use kvfast_core::model::geometry::Model;
@@ -37,6 +38,48 @@ pub fn attention_layers<'py>(py: Python<'py>, model: PathBuf) -> Result<Vec<Boun
         out.push(d);
     }
     Ok(out)
+}
+
+fn incomplete_of(incomplete: &str) -> Result<Incomplete> {
+    match incomplete {
+        "error" => Ok(Incomplete::Error),
+        "skip" => Ok(Incomplete::Skip),
+        other => Err(Error::Python(pyo3::exceptions::PyValueError::new_err(
+            format!("incomplete must be 'error' or 'skip', not {other:?}"),
+        ))),
+    }
+}
+
+/// The model's attention layers, with the scale and sinks given per model layer in place of its own.
+fn model_layers(
+    py: Python<'_>,
+    model: &PathBuf,
+    scale: Option<HashMap<u32, f64>>,
+    sinks: Option<HashMap<u32, Vec<f64>>>,
+) -> Result<Vec<LayerAttn>> {
+    let m = py.detach(|| Model::read(model))?;
+    let mut attn = LayerAttn::of_model(&m).map_err(Error::Model)?;
+    for l in &mut attn {
+        if let Some(s) = scale.as_ref().and_then(|s| s.get(&l.model_layer)) {
+            l.scale = *s;
+        }
+        if let Some(s) = sinks.as_ref().and_then(|s| s.get(&l.model_layer)) {
+            l.sinks = Some(s.clone());
+        }
+    }
+    Ok(attn)
+}
+
+fn blocks_of(blocks: Vec<(u32, usize, usize, usize)>) -> Vec<Block> {
+    blocks
+        .into_iter()
+        .map(|(model_layer, offset, n_head, head_dim)| Block {
+            model_layer,
+            offset,
+            n_head,
+            head_dim,
+        })
+        .collect()
 }
 
 /// A C-contiguous buffer's items, borrowed for as long as the buffer is held.
@@ -91,37 +134,12 @@ pub fn attention(
             ))),
         })
         .collect::<Result<Vec<_>>>()?;
-    let incomplete = match incomplete {
-        "error" => Incomplete::Error,
-        "skip" => Incomplete::Skip,
-        other => {
-            return Err(Error::Python(pyo3::exceptions::PyValueError::new_err(
-                format!("incomplete must be 'error' or 'skip', not {other:?}"),
-            )))
-        }
-    };
+    let incomplete = incomplete_of(incomplete)?;
     let sf = state.get()?;
     let sel = sf.selection(None, None, vec![Kind::K], None);
     state.ready(py, &sf, &sel)?; // a remote state fetches its K rows first
-    let m = py.detach(|| Model::read(&model))?;
-    let mut attn = LayerAttn::of_model(&m).map_err(Error::Model)?;
-    for l in &mut attn {
-        if let Some(s) = scale.as_ref().and_then(|s| s.get(&l.model_layer)) {
-            l.scale = *s;
-        }
-        if let Some(s) = sinks.as_ref().and_then(|s| s.get(&l.model_layer)) {
-            l.sinks = Some(s.clone());
-        }
-    }
-    let blocks: Vec<Block> = blocks
-        .into_iter()
-        .map(|(model_layer, offset, n_head, head_dim)| Block {
-            model_layer,
-            offset,
-            n_head,
-            head_dim,
-        })
-        .collect();
+    let attn = model_layers(py, &model, scale, sinks)?;
+    let blocks = blocks_of(blocks);
     let (values, pos, seq) = (
         items(&values, "values")?,
         items(&pos, "pos")?,
@@ -145,4 +163,88 @@ pub fn attention(
         };
         Ok(run_many(&req, &whats)?.into_iter().map(stream).collect())
     })
+}
+
+/// One model layer's weights as a dense float32 NumPy array `[head, query, cell]` (NaN where a
+/// query does not see a cell), over the cache's cells `cells` (start, stop of every stream's
+/// cells in order, as a Python slice reads them; None: all), and a dict of what its axes are (kvfast-core's
+/// `attention::dense`). The arguments are those of [`attention`].
+#[pyfunction]
+#[pyo3(signature = (state, model, values, row_len, pos, seq, blocks, layer, heads=None, scale=None, sinks=None, incomplete="error", chunk=64, cells=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_dense<'py>(
+    py: Python<'py>,
+    state: &PyState,
+    model: PathBuf,
+    values: PyBuffer<f32>,
+    row_len: usize,
+    pos: PyBuffer<i32>,
+    seq: PyBuffer<i32>,
+    blocks: Vec<(u32, usize, usize, usize)>,
+    layer: u32,
+    heads: Option<Vec<u32>>,
+    scale: Option<HashMap<u32, f64>>,
+    sinks: Option<HashMap<u32, Vec<f64>>>,
+    incomplete: &str,
+    chunk: usize,
+    cells: Option<(Option<i64>, Option<i64>)>,
+) -> Result<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
+    let incomplete = incomplete_of(incomplete)?;
+    let sf = state.get()?;
+    let sel = sf.selection(None, None, vec![Kind::K], None);
+    state.ready(py, &sf, &sel)?;
+    let attn = model_layers(py, &model, scale, sinks)?;
+    let blocks = blocks_of(blocks);
+    let (values, pos, seq) = (
+        items(&values, "values")?,
+        items(&pos, "pos")?,
+        items(&seq, "seq")?,
+    );
+    let only = [layer];
+    let req = Request {
+        opened: &sf,
+        layers: &attn,
+        queries: Queries {
+            values,
+            row_len,
+            pos,
+            seq,
+            blocks: &blocks,
+        },
+        model_layers: Some(&only),
+        heads: heads.as_deref(),
+        incomplete,
+        chunk,
+    };
+    let prepared = py.detach(|| dense::prepare(&req, cells))?;
+    let sh = &prepared.shape;
+    let dims = (sh.heads.len(), sh.queries, sh.cell.len());
+    let arr = py
+        .import("numpy")?
+        .getattr("empty")?
+        .call1((dims, "float32"))?;
+    let buf = PyBuffer::<f32>::get(&arr)?;
+    if buf.readonly() || !buf.is_c_contiguous() || buf.item_count() != sh.len() {
+        return Err(Error::Python(pyo3::exceptions::PyRuntimeError::new_err(
+            "numpy.empty gave no writable C-contiguous array",
+        )));
+    }
+    let ptr = buf.buf_ptr() as usize;
+    let n = buf.item_count();
+    py.detach(|| {
+        // SAFETY: `arr` was just made here and no other reference to it exists; `buf` keeps its
+        // memory alive and writable (checked above) for `n` f32 values until the fill returns.
+        let out = unsafe { std::slice::from_raw_parts_mut(ptr as *mut f32, n) };
+        dense::fill(&req, &prepared, out)
+    })?;
+    drop(buf);
+    let d = PyDict::new(py);
+    d.set_item("cache", sh.cache)?;
+    d.set_item("layer", sh.layer)?;
+    d.set_item("model_layer", sh.model_layer)?;
+    d.set_item("heads", sh.heads.clone())?;
+    d.set_item("stream", sh.stream.clone())?;
+    d.set_item("cell", sh.cell.clone())?;
+    d.set_item("pos", sh.pos.clone())?;
+    Ok((arr, d))
 }

@@ -37,6 +37,7 @@ fn _kvfast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(analysis::quantize, m)?)?;
     m.add_function(wrap_pyfunction!(analysis::compare, m)?)?;
     m.add_function(wrap_pyfunction!(attention::attention, m)?)?;
+    m.add_function(wrap_pyfunction!(attention::attention_dense, m)?)?;
     m.add_function(wrap_pyfunction!(attention::attention_layers, m)?)?;
     m.add_function(wrap_pyfunction!(compare_modes::compare_positions, m)?)?;
     m.add_function(wrap_pyfunction!(rotation::rotation_group, m)?)?;

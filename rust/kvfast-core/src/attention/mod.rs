@@ -4,8 +4,11 @@
 //!
 //! [`params`] reads how the model attends (heads, scale, soft-cap, window) from its GGUF header;
 //! [`kernel`] is one query head's logits and softmax in f64; [`pass`] runs a pass over an opened
-//! state in parallel, one layer's keys at a time.
+//! state in parallel, one layer's keys at a time; [`dense`] gives one layer's weights as a dense
+//! `[head, query, cell]` array.
 
+pub mod dense;
+pub mod finite;
 pub mod kernel;
 pub mod params;
 pub mod pass;

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 
 use rayon::prelude::*;
 
+use crate::attention::finite;
 use crate::attention::kernel::{block_logits, entropy, softmax, top_k, Keys, Seen};
 use crate::attention::params::LayerAttn;
 use crate::attention::AttnError;
@@ -77,23 +78,23 @@ pub struct Request<'a> {
 }
 
 /// Queries whose logits are computed together, each K row read once for all of them.
-const BLOCK: usize = 8;
+pub(super) const BLOCK: usize = 8;
 
 fn queries_err(field: &'static str, message: String) -> AttnError {
     AttnError::Queries { field, message }
 }
 
 /// One cache layer to compute: where it is, its model layer's attention and query block.
-struct Task<'a> {
-    cache: u32,
-    layer: u32,
-    attn: &'a LayerAttn,
-    block: Block,
-    heads: Vec<usize>,
+pub(super) struct Task<'a> {
+    pub(super) cache: u32,
+    pub(super) layer: u32,
+    pub(super) attn: &'a LayerAttn,
+    pub(super) block: Block,
+    pub(super) heads: Vec<usize>,
 }
 
 impl Request<'_> {
-    fn check(&self) -> Result<(), AttnError> {
+    pub(super) fn check(&self) -> Result<(), AttnError> {
         let q = &self.queries;
         let n = q.pos.len();
         if q.seq.len() != n {
@@ -147,7 +148,7 @@ impl Request<'_> {
         Ok(())
     }
 
-    fn tasks(&self) -> Result<Vec<Task<'_>>, AttnError> {
+    pub(super) fn tasks(&self) -> Result<Vec<Task<'_>>, AttnError> {
         let layout = &self.opened.state.layout;
         let map = &self.opened.model_layers;
         let mut out = vec![];
@@ -208,7 +209,7 @@ impl Request<'_> {
                         ));
                     }
                 }
-                let heads = match self.heads {
+                let heads: Vec<usize> = match self.heads {
                     None => (0..attn.n_head).collect(),
                     Some(hs) => {
                         if let Some(h) = hs.iter().find(|h| **h as usize >= attn.n_head) {
@@ -220,9 +221,20 @@ impl Request<'_> {
                                 ),
                             ));
                         }
+                        if let Some(h) = hs
+                            .iter()
+                            .enumerate()
+                            .find_map(|(i, h)| hs[..i].contains(h).then_some(h))
+                        {
+                            return Err(queries_err(
+                                "heads",
+                                format!("head {h} is asked twice: give each head once"),
+                            ));
+                        }
                         hs.iter().map(|h| *h as usize).collect()
                     }
                 };
+                finite::check(&self.queries, block, &heads, attn)?;
                 out.push(Task {
                     cache: ci as u32,
                     layer: li as u32,
@@ -248,7 +260,7 @@ impl Request<'_> {
     }
 
     /// Decode a task's keys, every stream of its cache.
-    fn keys(&self, t: &Task) -> Result<Keys<'_>, AttnError> {
+    pub(super) fn keys(&self, t: &Task) -> Result<Keys<'_>, AttnError> {
         let op = self.opened;
         let sel = op.selection(
             Some(vec![t.cache]),
@@ -295,7 +307,7 @@ impl Request<'_> {
 
 /// Per sequence, every position any attention cache holds a cell of (sorted, once each): what a
 /// query saw, for the check that a cache holds all of it.
-fn positions(op: &Opened) -> HashMap<i32, Vec<i32>> {
+pub(super) fn positions(op: &Opened) -> HashMap<i32, Vec<i32>> {
     let own = op.state.layout.own_seq();
     let mut out: HashMap<i32, Vec<i32>> = HashMap::new();
     for cache in op.state.layout.attention() {
@@ -401,19 +413,19 @@ impl Rows {
 }
 
 /// One task's inputs, as every chunk of its queries reads them.
-struct Ctx<'a> {
-    req: &'a Request<'a>,
-    t: &'a Task<'a>,
-    keys: &'a Keys<'a>,
+pub(super) struct Ctx<'a> {
+    pub(super) req: &'a Request<'a>,
+    pub(super) t: &'a Task<'a>,
+    pub(super) keys: &'a Keys<'a>,
     /// Per sequence, the positions the state holds (see [`positions`]).
-    held: &'a HashMap<i32, Vec<i32>>,
+    pub(super) held: &'a HashMap<i32, Vec<i32>>,
     /// Per stream, the index of its first cell in a row of every stream's cells (and the total).
-    starts: &'a [usize],
+    pub(super) starts: &'a [usize],
 }
 
 /// The cells query `r` sees in a task's cache (in stream, then cell order), checked against what
 /// its sequence holds.
-fn seen(x: &Ctx, r: usize, out: &mut Vec<Seen>) -> Result<bool, AttnError> {
+pub(super) fn seen(x: &Ctx, r: usize, out: &mut Vec<Seen>) -> Result<bool, AttnError> {
     let (req, t, keys, held) = (x.req, x.t, x.keys, x.held);
     let (p1, sq) = (req.queries.pos[r], req.queries.seq[r]);
     let own = req.opened.state.layout.own_seq();

@@ -1,0 +1,330 @@
+//! One model layer's attention weights as a dense array `[head, query, cell]` (float32), what
+//! `output_attentions=True` gives in Hugging Face: for the queries given, over a range of the
+//! cache's cells, in the memory of that array and one layer's keys.
+//!
+//! Each query's softmax runs over every cell it sees (the range only chooses which columns are
+//! kept), exactly as [`super::pass`] computes it; a cell the query does not see (a later
+//! position, another sequence, outside a sliding window) and a query left out (`incomplete`
+//! skip) are NaN.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use crate::attention::kernel::{block_logits, softmax, Keys, Seen};
+use crate::attention::pass::{positions, seen, Ctx, Request, Task, BLOCK};
+use crate::attention::AttnError;
+
+/// What a dense array holds, known before it is computed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shape {
+    pub cache: u32,
+    /// The cache's layer, and the model layer it is.
+    pub layer: u32,
+    pub model_layer: u32,
+    /// The query heads, in the order of the array's first axis.
+    pub heads: Vec<u32>,
+    /// How many queries (the array's second axis: the request's query rows, in order).
+    pub queries: usize,
+    /// Per column (the third axis): the stream's index in the cache, the cell and its position.
+    pub stream: Vec<u32>,
+    pub cell: Vec<u32>,
+    pub pos: Vec<i32>,
+}
+
+impl Shape {
+    /// The number of values of the array.
+    pub fn len(&self) -> usize {
+        self.heads.len() * self.queries * self.cell.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A layer ready to compute: its keys decoded, the columns chosen.
+pub struct Prepared<'a> {
+    task: Task<'a>,
+    keys: Keys<'a>,
+    held: HashMap<i32, Vec<i32>>,
+    /// Per stream, its first column in a row of every stream's cells (and the total).
+    starts: Vec<usize>,
+    /// The columns kept, as indices into that row.
+    cols: Range<usize>,
+    pub shape: Shape,
+}
+
+/// A range as a Python slice reads it: None is an end, a negative bound counts from the end, and
+/// bounds past either end are clamped.
+pub fn span(start: Option<i64>, stop: Option<i64>, n: usize) -> Range<usize> {
+    let at = |x: i64| -> usize {
+        let n = n as i64;
+        (if x < 0 { (x + n).max(0) } else { x.min(n) }) as usize
+    };
+    let a = start.map_or(0, at);
+    a..stop.map_or(n, at).max(a)
+}
+
+/// Check the request (one model layer, in `req.model_layers`), decode the layer's keys and
+/// choose the columns `cols` (a [`span`] of the cache's cells of every stream, in stream then
+/// cell order; None: all).
+pub fn prepare<'a>(
+    req: &'a Request<'a>,
+    cols: Option<(Option<i64>, Option<i64>)>,
+) -> Result<Prepared<'a>, AttnError> {
+    req.check()?;
+    let err = |message: String| AttnError::Queries {
+        field: "layers",
+        message,
+    };
+    let Some(&[ml]) = req.model_layers else {
+        return Err(err("a dense array is of one model layer".into()));
+    };
+    let mut tasks = req.tasks()?;
+    let task = match (tasks.pop(), tasks.is_empty()) {
+        (Some(t), true) => t,
+        _ => return Err(err(format!("model layer {ml} is in several caches"))),
+    };
+    let keys = req.keys(&task)?;
+    let mut starts = vec![0usize];
+    for s in &keys.streams {
+        starts.push(starts.last().copied().unwrap_or(0) + s.cell_count as usize);
+    }
+    let total = starts.last().copied().unwrap_or(0);
+    let Range { start: a, end: b } = cols.map_or(0..total, |(a, b)| span(a, b, total));
+    let (mut stream, mut cell, mut pos) = (vec![], vec![], vec![]);
+    for (si, s) in keys.streams.iter().enumerate() {
+        for c in 0..s.cell_count as usize {
+            let at = starts[si] + c;
+            if (a..b).contains(&at) {
+                stream.push(s.index);
+                cell.push(c as u32);
+                pos.push(s.pos[c]);
+            }
+        }
+    }
+    let shape = Shape {
+        cache: task.cache,
+        layer: task.layer,
+        model_layer: task.attn.model_layer,
+        heads: task.heads.iter().map(|h| *h as u32).collect(),
+        queries: req.queries.pos.len(),
+        stream,
+        cell,
+        pos,
+    };
+    Ok(Prepared {
+        held: positions(req.opened),
+        task,
+        keys,
+        starts,
+        cols: a..b,
+        shape,
+    })
+}
+
+/// Compute a prepared layer into `out` (`shape.len()` values, `[head, query, column]`), chunks of
+/// `req.chunk` queries in parallel.
+pub fn fill(req: &Request, p: &Prepared, out: &mut [f32]) -> Result<(), AttnError> {
+    let (nh, nq, nc) = (p.shape.heads.len(), p.shape.queries, p.shape.cell.len());
+    if out.len() != nh * nq * nc {
+        return Err(AttnError::Queries {
+            field: "out",
+            message: format!("{} values for an array of {nh} x {nq} x {nc}", out.len()),
+        });
+    }
+    out.fill(f32::NAN);
+    if out.is_empty() {
+        return Ok(());
+    }
+    let ctx = Ctx {
+        req,
+        t: &p.task,
+        keys: &p.keys,
+        held: &p.held,
+        starts: &p.starts,
+    };
+    // per chunk of queries, its rows of every head: disjoint slices of `out`
+    let mut per_head: Vec<_> = out
+        .chunks_mut(nq * nc)
+        .map(|h| h.chunks_mut(req.chunk * nc))
+        .collect();
+    let mut jobs = vec![];
+    for a in (0..nq).step_by(req.chunk) {
+        let slabs: Vec<&mut [f32]> = per_head.iter_mut().filter_map(|it| it.next()).collect();
+        jobs.push((a..(a + req.chunk).min(nq), slabs));
+    }
+    jobs.into_par_iter()
+        .try_for_each(|(qs, mut slabs)| chunk(&ctx, p, qs, &mut slabs))
+}
+
+/// One chunk of queries: blocks of [`BLOCK`] queries share their K rows, as in the pass.
+fn chunk(
+    x: &Ctx,
+    p: &Prepared,
+    qs: Range<usize>,
+    slabs: &mut [&mut [f32]],
+) -> Result<(), AttnError> {
+    let q = &x.req.queries;
+    let t = &p.task;
+    let d = t.attn.head_dim;
+    let nc = p.shape.cell.len();
+    let first = qs.start;
+    let all: Vec<usize> = qs.collect();
+    let (mut lg, mut w) = (vec![], vec![]);
+    for block in all.chunks(BLOCK) {
+        let mut lists: Vec<(usize, Vec<Seen>)> = vec![];
+        for &r in block {
+            let mut cells = vec![];
+            if seen(x, r, &mut cells)? {
+                lists.push((r, cells));
+            }
+        }
+        let mut union: Vec<Seen> = lists.iter().flat_map(|(_, l)| l.iter().copied()).collect();
+        union.sort_unstable();
+        union.dedup();
+        // where each query's cells lie in the union: both sorted, so one walk along the union
+        let at: Vec<Vec<usize>> = lists
+            .iter()
+            .map(|(_, l)| {
+                let mut u = 0;
+                l.iter()
+                    .map(|sc| {
+                        while union[u] != *sc {
+                            u += 1;
+                        }
+                        u
+                    })
+                    .collect()
+            })
+            .collect();
+        let nu = union.len();
+        for (hi, &h) in t.heads.iter().enumerate() {
+            let qv: Vec<&[f32]> = lists
+                .iter()
+                .map(|(r, _)| {
+                    let o = r * q.row_len + t.block.offset + h * d;
+                    &q.values[o..o + d]
+                })
+                .collect();
+            block_logits(t.attn, x.keys, h, &qv, &union, &mut lg);
+            for (i, (r, cells)) in lists.iter().enumerate() {
+                w.clear();
+                w.extend(at[i].iter().map(|u| lg[i * nu + u]));
+                softmax(&mut w, t.attn.sinks.as_ref().map(|s| s[h]));
+                let row = &mut slabs[hi][(r - first) * nc..(r - first + 1) * nc];
+                for (&(s, c), v) in cells.iter().zip(&w) {
+                    let at = p.starts[s as usize] + c as usize;
+                    if p.cols.contains(&at) {
+                        row[at - p.cols.start] = *v as f32;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::params::LayerAttn;
+    use crate::attention::pass::{run, Block, Incomplete, Queries, Reduce};
+    use crate::model::geometry::Model;
+    use crate::open::{OpenOptions, Opened};
+    use crate::plan::columns::Values;
+    use crate::values::rotation_decide::Mode;
+    use crate::{State, WalkOptions};
+    use std::path::Path;
+
+    fn opened() -> (Opened, Vec<LayerAttn>) {
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data");
+        let model = Model::read(data.join("models/tiny-qwen3.gguf")).unwrap();
+        let sf = State::open(
+            data.join("qwen3tiny-f16-fa/seq-0.ggsq"),
+            WalkOptions::default(),
+        )
+        .unwrap();
+        let opts = OpenOptions {
+            model: Some(&model.geometry),
+            rotation: Mode::None,
+            ..OpenOptions::default()
+        };
+        (
+            Opened::new(sf, opts).unwrap(),
+            LayerAttn::of_model(&model).unwrap(),
+        )
+    }
+
+    #[test]
+    fn the_dense_array_holds_the_pass_weights_and_nan_where_unseen() {
+        let (op, layers) = opened();
+        let blocks = [Block {
+            model_layer: 1,
+            offset: 0,
+            n_head: 4,
+            head_dim: 32,
+        }];
+        let mut x = 7u32;
+        let values: Vec<f32> = (0..7 * 128)
+            .map(|_| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (x >> 8) as f32 / (1 << 24) as f32 - 0.5
+            })
+            .collect();
+        let req = Request {
+            opened: &op,
+            layers: &layers,
+            queries: Queries {
+                values: &values,
+                row_len: 128,
+                pos: &[0, 1, 2, 3, 4, 5, 6],
+                seq: &[0; 7],
+                blocks: &blocks,
+            },
+            model_layers: Some(&[1]),
+            heads: Some(&[3, 1]),
+            incomplete: Incomplete::Error,
+            chunk: 3,
+        };
+        assert_eq!(span(Some(-2), None, 7), 5..7);
+        assert_eq!(span(Some(5), Some(2), 7), 5..5);
+        assert_eq!(span(None, Some(-9), 7), 0..0);
+        let p = prepare(&req, Some((Some(2), Some(6)))).unwrap();
+        assert_eq!(p.shape.heads, [3, 1]);
+        assert_eq!(p.shape.cell, [2, 3, 4, 5]);
+        let mut out = vec![0f32; p.shape.len()];
+        fill(&req, &p, &mut out).unwrap();
+        let table = &run(&req, Reduce::Weights).unwrap()[0];
+        let col = |n: &str| &table.columns.iter().find(|c| c.name == n).unwrap().values;
+        let (Values::U16(head), Values::I32(qp), Values::U32(cell), Values::F64(wt)) =
+            (col("head"), col("query_pos"), col("cell"), col("weight"))
+        else {
+            panic!()
+        };
+        let mut checked = 0;
+        for i in 0..wt.len() {
+            let hi = if head[i] == 3 { 0 } else { 1 };
+            let c = cell[i] as usize;
+            if (2..6).contains(&c) {
+                let v = out[(hi * 7 + qp[i] as usize) * 4 + c - 2];
+                assert_eq!(v, wt[i] as f32);
+                checked += 1;
+            }
+        }
+        let seen = out.iter().filter(|v| !v.is_nan()).count();
+        assert_eq!(seen, checked);
+        assert_eq!(seen, 2 * (1 + 2 + 3 + 4 + 4)); // query at pos p sees cells 2..=min(p, 5)
+        assert_eq!(
+            prepare(&req, Some((Some(5), Some(9)))).unwrap().shape.cell,
+            [5, 6]
+        );
+        let two = Request {
+            model_layers: None,
+            ..req
+        };
+        assert!(prepare(&two, None).is_err());
+    }
+}
