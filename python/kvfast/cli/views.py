@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 import kvfast
 from kvfast.cli.args import non_negative_int, positive_int
-from kvfast.plot.scale import parse_cells
+from kvfast.errors import SelectionError
+from kvfast.plot.scale import parse_cells, parse_rows
 from kvfast.read import hexview
 from kvfast.writing import output
 
@@ -114,6 +116,50 @@ def _save(fig: Any, args: argparse.Namespace) -> None:
         fig.savefig(tmp, dpi=args.dpi, format=fmt)
 
 
+def _scale(args: argparse.Namespace) -> str:
+    """--scale of heatmap and diff: linear or log (row is attention's)."""
+    if args.scale == "row":
+        raise SelectionError(f"kvfast plot {args.what}: --scale row is attention's; give linear or log")
+    return str(args.scale or "linear")
+
+
+def _cache_layer(d: kvfast.State, args: argparse.Namespace) -> tuple[int, int]:
+    """heatmap's (cache, layer within it): --layer, a model layer (as every plot command reads it),
+    or --cache-layer with --cache. A state whose model-layer map is unknown (no --model, no probe
+    manifest) and that has one cache takes --layer as its layer index, and says so."""
+    from kvfast.read.select import by_model_layer
+
+    if args.cache_layer is not None:
+        if args.layer is not None:
+            raise SelectionError(
+                "kvfast plot heatmap: give --layer (a model layer) or --cache-layer, not both"
+            )
+        return args.cache, args.cache_layer
+    if args.layer is None:
+        raise SelectionError(
+            "kvfast plot heatmap needs --layer (a model layer) or --cache-layer (with --cache)"
+        )
+    if args.cache:
+        raise SelectionError(
+            "kvfast plot heatmap: --layer is a model layer, whose cache is known; --cache goes with --cache-layer"
+        )
+    known = any(ly.model_layer is not None for c in d.caches for ly in c.layers)
+    if not known and len(d.caches) == 1:
+        print(
+            f"kvfast: the state's model-layer map is not known (no --model): --layer {args.layer} read as"
+            " the cache's layer index",
+            file=sys.stderr,
+        )
+        return 0, args.layer
+    if not known:
+        raise SelectionError(
+            f"--layer {args.layer} is a model layer, and the state's model-layer map is not known: give"
+            " --model (the GGUF), or --cache-layer with --cache"
+        )
+    ((caches, layers),) = by_model_layer(d.caches, [args.layer])
+    return caches[0], layers[0]
+
+
 def _cmd_plot(args: argparse.Namespace) -> int:
     from kvfast.plot import figures as plot
 
@@ -123,23 +169,47 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         if len(args.paths) != 2:
             raise ValueError("kvfast plot diff takes two states: A B")
         with open_state(args.paths[0], args) as a, open_state(args.paths[1], args) as b:
-            fig = plot.diff(a, b, scale=args.scale, match=args.match)
+            fig = plot.diff(a, b, scale=_scale(args), match=args.match)
             _save(fig, args)
-    elif args.what in ("attention", "attention-mass"):
+    elif args.what in ("attention", "attention-mass", "attention-html"):
         from kvfast.plot import attention as attn_plot
 
         if len(args.paths) != 1 or args.queries is None:
             raise ValueError(f"kvfast plot {args.what} takes one state and --queries Q.json")
+        if args.cache_layer is not None:
+            raise SelectionError(
+                f"kvfast plot {args.what}: --cache-layer is heatmap's; give --layer (a model layer)"
+            )
         with open_state(args.paths[0], args) as d:
-            if args.what == "attention-mass":
-                fig = attn_plot.attention_mass(d, args.queries, what=args.mass)
+            if args.what == "attention-html":
+                from kvfast.plot.html import attention_html
+
+                view = attention_html(
+                    d,
+                    args.queries,
+                    layers=None if args.layer is None else [args.layer],
+                    heads=args.heads,
+                    rows=args.rows,
+                    cells=args.cells,
+                )
+                with output.replacing(args.output, inputs=args.paths) as tmp:
+                    view.save(tmp)
+            elif args.what == "attention-mass":
+                fig = attn_plot.attention_mass(d, args.queries, what=args.mass, log=args.log)
+                _save(fig, args)
             else:
                 if args.layer is None:
                     raise ValueError("kvfast plot attention needs --layer (a model layer)")
                 fig = attn_plot.attention_map(
-                    d, args.queries, args.layer, heads=args.heads, cells=args.cells, scale=args.scale
+                    d,
+                    args.queries,
+                    args.layer,
+                    heads=args.heads,
+                    rows=args.rows,
+                    cells=args.cells,
+                    scale=args.scale or "log",
                 )
-            _save(fig, args)
+                _save(fig, args)
     else:
         if len(args.paths) != 1:
             raise ValueError(f"kvfast plot {args.what} takes one state")
@@ -147,15 +217,14 @@ def _cmd_plot(args: argparse.Namespace) -> int:
             if args.what == "layout":
                 fig = plot.layout(d)
             elif args.what == "heatmap":
-                if args.layer is None:
-                    raise ValueError("kvfast plot heatmap needs --layer")
+                cache, layer = _cache_layer(d, args)
                 fig = plot.heatmap(
                     d,
-                    args.layer,
+                    layer,
                     args.kind,
-                    cache=args.cache,
+                    cache=cache,
                     per_head=args.per_head,
-                    scale=args.scale,
+                    scale=_scale(args),
                     clip=args.clip,
                     cells=args.cells,
                 )
@@ -207,25 +276,42 @@ def register(sub: Any) -> None:
 
     plot = sub.add_parser(
         "plot",
-        help="pictures: layout, heatmap, stats, diff, attention, attention-mass (needs matplotlib: kvfast[plot])",
+        help="pictures: layout, heatmap, stats, diff, attention, attention-mass (needs matplotlib: kvfast[plot]),"
+        " attention-html (an interactive page)",
         description="Draw a state: its layout to scale, |values| of a layer, per-layer statistics, the error"
         " of one state against another, or the attention of captured queries (a layer's weights per head,"
-        " the attention each cell received).",
+        " the attention each cell received, or attention-html: one self-contained HTML page with layer and"
+        " head selectors, token text and hover). --layer is a model layer in every plot command.",
         epilog="examples: kvfast plot layout slot0.bin -o layout.png;"
         " kvfast plot heatmap slot0.bin --layer 3 --kind k --per-head --head-dim 128 --scale log -o k.png;"
         " kvfast plot diff f16.bin q8.bin -o diff.png; kvfast plot diff p0.ggsq p2.ggsq --match tokens -o d.png;"
-        " kvfast plot attention out/p0.ggsq --queries out/p0.queries.json --layer 5 -o attn.png",
+        " kvfast plot attention out/p0.ggsq --queries out/p0.queries.json --layer 5 -o attn.png;"
+        " kvfast plot attention-html out/p0.ggsq --queries out/p0.queries.json -o attn.html",
     )
-    plot.add_argument("what", choices=["layout", "heatmap", "stats", "diff", "attention", "attention-mass"])
-    plot.add_argument("paths", nargs="+", help="the state (two for diff)")
-    plot.add_argument("-o", "--output", required=True, help="the PNG to write")
     plot.add_argument(
-        "--layer", type=non_negative_int, help="heatmap: layer index within the cache; attention: model layer"
+        "what",
+        choices=["layout", "heatmap", "stats", "diff", "attention", "attention-mass", "attention-html"],
+    )
+    plot.add_argument("paths", nargs="+", help="the state (two for diff)")
+    plot.add_argument("-o", "--output", required=True, help="the picture to write (attention-html: the page)")
+    plot.add_argument(
+        "--layer",
+        type=non_negative_int,
+        help="a model layer, as the model numbers them (heatmap, attention; attention-html: only this one);"
+        " heatmap finds its cache from --model or the probe manifest (a state of one cache without either:"
+        " its layer index)",
+    )
+    plot.add_argument(
+        "--cache-layer",
+        type=non_negative_int,
+        help="heatmap: a layer by its index within --cache (in place of --layer)",
     )
     plot.add_argument(
         "--queries", help="attention, attention-mass: captured queries (a probe's <id>.queries.json)"
     )
-    plot.add_argument("--heads", type=non_negative_int, nargs="+", help="attention: only these query heads")
+    plot.add_argument(
+        "--heads", type=non_negative_int, nargs="+", help="attention, attention-html: only these query heads"
+    )
     plot.add_argument(
         "--mass",
         choices=["share", "mass"],
@@ -233,7 +319,7 @@ def register(sub: Any) -> None:
         help="attention-mass: each cell's mean share of a head's attention (sinks) or its accumulated mass (H2O)",
     )
     plot.add_argument("--kind", choices=["k", "v"], default="k")
-    plot.add_argument("--cache", type=non_negative_int, default=0)
+    plot.add_argument("--cache", type=non_negative_int, default=0, help="heatmap: the cache of --cache-layer")
     plot.add_argument("--per-head", action="store_true", help="heatmap: one panel per head")
     plot.add_argument(
         "--outlier", type=float, default=4.0, help="stats: outlier channel threshold (x median)"
@@ -246,15 +332,25 @@ def register(sub: Any) -> None:
     )
     plot.add_argument(
         "--scale",
-        choices=["linear", "log"],
-        default="linear",
-        help="heatmap, diff, attention: the colour scale",
+        choices=["linear", "log", "row"],
+        help="heatmap, diff: linear (default) or log; attention: log (default), row (each query row over"
+        " its largest weight) or linear",
     )
+    plot.add_argument(
+        "--rows",
+        type=parse_rows,
+        help="attention, attention-html: only the captured query rows START:STOP (as a slice: -64: is the"
+        " last 64, written --rows=-64:; attention-html's default)",
+    )
+    plot.add_argument("--log", action="store_true", help="attention-mass: a log y axis")
     plot.add_argument(
         "--clip", type=float, help="heatmap: cap the colour scale at this percentile of |value| (e.g. 99.5)"
     )
     plot.add_argument(
-        "--cells", type=parse_cells, help="heatmap, attention: only cells START:STOP (e.g. 0:64)"
+        "--cells",
+        type=parse_cells,
+        help="heatmap, attention, attention-html: only cells START:STOP (e.g. 0:64); attention: also"
+        " sinks+recent (the first 16 and the last 64 side by side) or N+M (the first N and the last M)",
     )
     plot.add_argument(
         "--match",

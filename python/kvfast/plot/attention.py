@@ -15,19 +15,20 @@ weights of head ``h`` pivoted (rows: the queries, columns: the cells), the bars'
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import numpy.typing as npt
 import polars as pl
 
 from kvfast.attn.scores import sinks
-from kvfast.attn.weights import Incomplete, QueriesArg, attention
+from kvfast.attn.weights import Incomplete, QueriesArg
 from kvfast.errors import SelectionError
 from kvfast.plot import style
-from kvfast.plot.scale import colour_scale, select_cells
+from kvfast.plot.grid import Grid, attention_grid
+from kvfast.plot.scale import CellsArg, attention_scale
 from kvfast.read.state import State
 
 if TYPE_CHECKING:
@@ -62,14 +63,30 @@ def _cache_cells(state: State, cache: int) -> pl.DataFrame:
     return t.select(pl.col("stream").cast(pl.Int64), pl.col("cell").cast(pl.Int64), "pos", "piece").sort(KEYS)
 
 
-def _grid(w: pl.DataFrame, rows: pl.DataFrame, cols: pl.DataFrame, head: int) -> npt.NDArray[np.float64]:
-    """Head ``head``'s weights as a [rows, cols] array, NaN where the query does not see the cell."""
-    h = w.filter(pl.col("head") == head)
-    ri = rows.with_row_index("r").join(h, on=["seq_id", "query_pos"])
-    at = ri.join(cols.with_row_index("c"), on=KEYS)
-    out = np.full((rows.height, cols.height), np.nan)
-    out[at["r"].to_numpy(), at["c"].to_numpy()] = at["weight"].to_numpy()
-    return out
+def _row_ticks(ax: Axes, g: Grid, height: float) -> None:
+    """The query axis's ticks, as many as fit in `height` inches: position (sequence where there
+    are several) and the token's piece where the state has it."""
+    n = len(g.query_pos)
+    ys = list(range(0, n, style.stride(n, style.fitting(height))))
+    multi_seq = len(set(g.seq_id.tolist())) > 1
+    labels = []
+    for i in ys:
+        text = f"{g.query_pos[i]} ({g.seq_id[i]})" if multi_seq else str(g.query_pos[i])
+        piece = g.query_piece[i]
+        labels.append(text if piece is None else f"{text} {piece!r}")
+    ax.set_yticks(ys)
+    ax.set_yticklabels(labels)
+
+
+def _break_marks(left: Axes, right: Axes) -> None:
+    """The broken axis between two parts of the cells: the facing spines hidden, // marks."""
+    left.spines["right"].set_visible(False)
+    right.spines["left"].set_visible(False)
+    right.tick_params(axis="y", left=False, labelleft=False)
+    kw: dict[str, Any] = {"marker": [(-1, -1.5), (1, 1.5)], "markersize": 9, "linestyle": "none"}
+    kw.update(color="k", mec="k", mew=1, clip_on=False)
+    left.plot([1, 1], [0, 1], transform=left.transAxes, **kw)
+    right.plot([0, 0], [0, 1], transform=right.transAxes, **kw)
 
 
 def attention_map(
@@ -78,60 +95,85 @@ def attention_map(
     layer: int,
     *,
     heads: Sequence[int] | None = None,
-    cells: tuple[int, int] | None = None,
-    scale: str = "linear",
+    rows: tuple[int | None, int | None] | None = None,
+    cells: CellsArg = None,
+    scale: str = "log",
     model: str | os.PathLike[str] | None = None,
     incomplete: Incomplete = "skip",
 ) -> Figure:
     """The attention weights of model layer ``layer``, a panel per query head (``heads``: only
-    these): a row per query (sequence, position), a column per cell of the cache holding the layer
-    (``cells=(start, stop)``: only those columns), coloured by weight (``scale="log"``: by log
-    weight), blank where the query does not see the cell (later positions, another sequence,
-    outside a sliding window). The cell axis is labelled with token pieces where the state knows
-    them (as many as fit)."""
-    w = attention(state, queries, model=model, layers=[layer], heads=heads, incomplete=incomplete)
-    if not w.height:
-        raise SelectionError(f"no query of model layer {layer} sees a cell of the state")
-    cache = int(w["cache"][0])
-    w = w.with_columns(pl.col(c).cast(pl.Int64) for c in ("stream", "cell", "seq_id", "query_pos", "head"))
-    cols = _cache_cells(state, cache)
-    start, stop = select_cells(cells, cols.height)
-    cols = cols.slice(start, stop - start)
-    rows = w.select("seq_id", "query_pos").unique().sort("seq_id", "query_pos")
-    shown = sorted(w["head"].unique().to_list())
-    grids = [_grid(w, rows, cols, h) for h in shown]
-    norm, label = colour_scale(np.stack(grids), scale)
-    label = label.replace("|value|", "attention weight", 1)
-    n = len(shown)
-    ncol = min(n, 4)
+    these): a row per query (``rows=(start, stop)``: only these of the captured rows), a column per
+    cell of the cache holding the layer (``cells=(start, stop)``: only those; ``"sinks+recent"``:
+    the first 16 cells and the last 64 side by side, a broken axis; ``"N+M"``: the first N and the
+    last M), blank where the query does not see the cell (later positions, another sequence,
+    outside a sliding window). Both axes carry the tokens' pieces where the state knows them (as
+    many as fit).
+
+    ``scale``: ``"log"`` (default: at thousands of cells most weights are near 1/cells beside sinks
+    near 1, which only a log scale shows together), ``"row"`` (each query row divided by its
+    largest weight) or ``"linear"``. The weights come from :func:`kvfast.attn.dense`, in memory of
+    the order of the drawn array: past 1024 rows or 2048 cells a drawn value is the largest weight
+    of its block (the title says so; see :mod:`kvfast.plot.grid`)."""
+    g = attention_grid(
+        state, queries, layer, rows=rows, cells=cells, heads=heads, model=model, incomplete=incomplete
+    )
+    shown_w, norm, label = attention_scale(g.stacked(), scale)
+    bounds = np.cumsum([0] + [p.weights.shape[2] for p in g.parts])
+    n, k = len(g.heads), len(g.parts)
+    n_cols = int(bounds[-1])
+    zoomed = k > 1
+    # a zoomed view labels every cell: as wide as its labels need
+    panel_w = min(max(3.4, n_cols * style.TICK * 1.5 / 72), 20.0) if zoomed else 3.4
+    ncol = max(1, min(n, 4, int(22 // (panel_w + 0.4))))
     nrow = -(-n // ncol)
-    fig = style.figure(figsize=(min(3.2 + 3.6 * ncol, 22), 0.8 + 3.2 * nrow), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(nrow, ncol, squeeze=False).ravel())
-    pieces = cols["piece"].to_list()
-    cell_ids = cols["cell"].to_list()
-    multi_seq = rows["seq_id"].n_unique() > 1
+    fig = style.figure(
+        figsize=(min(3.2 + (panel_w + 0.4) * ncol, 24), 0.8 + 3.2 * nrow), layout="constrained"
+    )
+    # the panels, and a narrow column at the right for the colourbar they share
+    outer = fig.add_gridspec(nrow, ncol + 1, width_ratios=[1.0] * ncol + [0.04 * max(1.0, 3.4 / panel_w)])
+    widths = [max(1, p.weights.shape[2]) for p in g.parts]
     im = None
-    for ax, h, g in zip(axes, shown, grids, strict=False):
-        masked = np.ma.masked_invalid(g)
-        im = ax.imshow(masked, aspect="auto", interpolation="nearest", cmap="viridis", norm=norm)
-        ax.set_facecolor("#f2f2f2")
-        ax.set_title(f"model layer {layer} head {h}", fontsize=style.TITLE)
-        ax.set_xlabel("cell", fontsize=style.LABEL)
-        ax.set_ylabel("query position" + (" (sequence)" if multi_seq else ""), fontsize=style.LABEL)
-        _cell_ticks(ax, pieces, cell_ids, width=3.4)
-        ys = list(range(0, rows.height, style.stride(rows.height, style.fitting(2.6))))
-        ax.set_yticks(ys)
-        qp, qs = rows["query_pos"].to_list(), rows["seq_id"].to_list()
-        ax.set_yticklabels([f"{qp[i]} ({qs[i]})" if multi_seq else str(qp[i]) for i in ys])
-        style.tick_sizes(ax)
-    for ax in axes[n:]:
-        ax.axis("off")
+    drawn: list[Axes] = []
+    for i, h in enumerate(g.heads):
+        sub = outer[i // ncol, i % ncol].subgridspec(1, k, width_ratios=widths, wspace=0.04)
+        axes = [fig.add_subplot(sub[0, j]) for j in range(k)]
+        for j, (ax, part) in enumerate(zip(axes, g.parts, strict=True)):
+            img = shown_w[i, :, bounds[j] : bounds[j + 1]]
+            im = ax.imshow(
+                np.ma.masked_invalid(img), aspect="auto", interpolation="nearest", cmap="viridis", norm=norm
+            )
+            ax.set_facecolor("#f2f2f2")
+            share = part.weights.shape[2] / max(1, n_cols)
+            _cell_ticks(
+                ax, part.piece, part.cell.tolist(), width=max(0.6, panel_w * (share if zoomed else 1.0))
+            )
+            style.tick_sizes(ax)
+        axes[0].set_title(
+            f"model layer {layer} head {h}", fontsize=style.TITLE, loc="left" if zoomed else "center"
+        )
+        axes[0].set_ylabel("query position", fontsize=style.LABEL)
+        _row_ticks(axes[0], g, height=2.6)
+        style.tick_sizes(axes[0])
+        for a, b in itertools.pairwise(axes):
+            b.sharey(a)
+            _break_marks(a, b)
+        fig.supxlabel(
+            "cell"
+            + (
+                f" (the first {g.parts[0].stop} and the last {g.n_cells - g.parts[-1].start})"
+                if zoomed
+                else ""
+            ),
+            fontsize=style.LABEL,
+        )
+        drawn += axes
+    pooled = f"; each value the largest of {g.row_step} rows x {g.col_step} cells" if g.pooled else ""
     fig.suptitle(
-        f"{os.path.basename(state.path)}: attention of {rows.height} queries over cache {cache}",
+        f"{os.path.basename(state.path)}: attention of {g.n_rows} queries over cache {g.cache}{pooled}",
         fontsize=style.LABEL,
     )
     if im is not None:
-        bar = fig.colorbar(im, ax=list(axes[:n]))
+        bar = fig.colorbar(im, cax=fig.add_subplot(outer[:, ncol]))
         bar.set_label(label, fontsize=style.LABEL)
         style.tick_sizes(bar.ax)
     return fig
@@ -143,6 +185,7 @@ def attention_mass(
     *,
     what: Literal["share", "mass"] = "share",
     layers: Sequence[int] | None = None,
+    log: bool = False,
     model: str | os.PathLike[str] | None = None,
     incomplete: Incomplete = "skip",
 ) -> Figure:
@@ -150,9 +193,11 @@ def attention_mass(
     the mean share of a query head's attention (over the layers, ``layers``: only these model
     layers, their heads and the queries that saw the cell), or ``mass``, the attention it
     accumulated (H2O's score); the x axis labelled with the tokens' pieces where the state knows
-    them, as many as fit."""
+    them, as many as fit. Cell 0 (``<bos>``, the largest bar as a rule) is drawn clear of the y
+    axis (a margin of one bar either side); ``log=True``: a log y axis (the sinks and the rest at
+    once)."""
     if what not in ("share", "mass"):
-        raise ValueError(f"what must be 'share' or 'mass', not {what!r}")
+        raise SelectionError(f"what must be 'share' or 'mass', not {what!r}")
     view = sinks(state, queries, model=model, layers=layers, incomplete=incomplete)
     caches = sorted(view["cache"].unique().to_list())
     if not caches:
@@ -166,8 +211,23 @@ def attention_mass(
         )
         y = cols.join(got, on=KEYS, how="left", maintain_order="left")[what].fill_null(0.0).to_numpy()
         x = np.arange(len(y))
-        ax.bar(x, y, width=1.0, color="#1f77b4", edgecolor="none")
-        ax.set_xlim(-0.5, len(y) - 0.5)
+        # a margin either side (1.5% of the cells, at least one bar): the first bar (<bos>, the main
+        # sink) stands clear of the y axis's spine however many cells there are; past the pixels
+        # of the axis a bar keeps a hairline edge, so that one cell's bar cannot vanish
+        n = len(y)
+        margin = max(1.0, 0.015 * n)
+        ax.bar(
+            x,
+            y,
+            width=0.8 if n <= 64 else 1.0,
+            color="#1f77b4",
+            edgecolor="#1f77b4" if n > 400 else "none",
+            linewidth=0.6 if n > 400 else 0.0,
+        )
+        ax.set_xlim(-0.5 - margin, n - 0.5 + margin)
+        if log and (y > 0).any():
+            ax.set_yscale("log")
+            ax.set_ylim(bottom=float(y[y > 0].min()) / 2)
         pieces, cell_ids = cols["piece"].to_list(), cols["cell"].to_list()
         _cell_ticks(ax, pieces, cell_ids, width=11.0)
         ax.set_xlabel("cell" if len(caches) == 1 else f"cell of cache {cache}", fontsize=style.LABEL)
