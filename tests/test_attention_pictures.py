@@ -10,12 +10,11 @@ import base64
 import json
 import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from browser import dump_dom, element_attrs
 from test_attention import random_queries, sidecar
 from test_attention_views import WORDS, with_pieces  # noqa: F401 (a fixture)
 
@@ -233,48 +232,87 @@ def test_html_view_embeds_the_weights_as_float16(with_pieces: Path) -> None:  # 
             mp.undo()
 
 
-def _chromium() -> str | None:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None and os.environ.get("KVFAST_REQUIRE_PROBE") == "1":
-        pytest.fail("chromium is needed for the browser tests (apt-get install chromium)")
-    return found
-
-
-def dump_dom(url: str, budget_ms: int = 5000) -> str:
-    """The page's DOM after its scripts ran, in headless Chromium (skips where there is none)."""
-    exe = _chromium()
-    if exe is None:
-        pytest.skip("chromium is not installed")
-    r = subprocess.run(
-        [
-            exe,
-            "--headless",
-            "--disable-gpu",
-            "--no-sandbox",
-            "--no-first-run",
-            f"--virtual-time-budget={budget_ms}",
-            "--dump-dom",
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    return r.stdout
-
-
 def test_html_view_draws_in_a_browser(tmp_path: Path, with_pieces: Path) -> None:  # noqa: F811
     side = sidecar(random_queries([3, 4, 5, 6], seed=5), tmp_path / "q.queries")
     page = tmp_path / "view.html"
     argv = ["plot", "attention-html", str(with_pieces), "--queries", str(side), "--heads", "1", "2"]
     assert main([*argv, "--rows=-3:", "-o", str(page)]) == 0
     dom = dump_dom(page.resolve().as_uri())
-    m = re.search(r'<div id="kvfast-status"([^>]*)>', dom)
-    assert m is not None, dom[-2000:]
-    attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', m.group(1)))
+    attrs = element_attrs(dom, "kvfast-status")
     assert "data-error" not in attrs, attrs
     # 3 query rows over 7 cells, causal: each sees the cells up to its position
     assert attrs["data-drawn"] == str(5 + 6 + 7) and attrs["data-layer"] == "0" and attrs["data-head"] == "1"
+    # the selectors: the model layers (with their cache) and the heads asked for
     assert '<option value="1">1 (cache 0)</option>' in dom and '<option value="1">2</option>' in dom
+
+
+# -- a long prompt ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def long_capture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A 2,600-token prompt of the tiny iSWA Gemma 3 (six micro-batches), every query captured."""
+    if not os.environ.get("KVFAST_REQUIRE_PROBE"):
+        pytest.importorskip("llama_cpp")
+    from conftest import DATA
+
+    from kvfast import probe
+
+    out = tmp_path_factory.mktemp("long")
+    toks = [int(t) for t in np.random.default_rng(1).integers(1, 250, 2600)]
+    man = probe.run(
+        DATA / "models/tiny-gemma3-attn.gguf",
+        [{"id": "long", "tokens": toks}],
+        out,
+        n_ctx=4096,
+        queries="all",
+        whole_state=True,
+        progress=False,
+    )
+    r = man.row(0, named=True)
+    return out / r["whole_state"], out / r["queries"]
+
+
+def test_long_attention_map_holds_the_pictures_array_not_the_layers(
+    long_capture: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2,600 queries over 2,600 cells: 4 heads of 27 MB each as the layer's array; the picture reads
+    them a chunk at a time and keeps the largest of each 3 x 2 block."""
+    state, queries = long_capture
+    reads: list[int] = []
+    real = attn.dense
+
+    def counting(*a: object, **k: object) -> object:
+        d = real(*a, **k)  # type: ignore[arg-type]
+        reads.append(d.weights.nbytes)
+        return d
+
+    monkeypatch.setattr(attn, "dense", counting)
+    with kvfast.open(state) as st:
+        fig = plot.attention_map(st, queries, 2)  # a global layer: every cell
+        panels = _panels(fig)
+        assert len(panels) == 4
+        shape = panels[0].images[0].get_array().shape  # type: ignore[attr-defined]
+        assert shape == (867, 1300)  # ceil(2600 / 3), ceil(2600 / 2)
+        assert max(reads) <= 4 * grid_mod.CHUNK_VALUES
+        assert "the largest of 3 rows x 2 cells" in fig._suptitle.get_text()  # type: ignore[attr-defined]
+        # the first cell (<bos>) of a late block is one query's own weight or the block's largest
+        w = real(st, queries, 2, rows=(2598, 2600), cells=(0, 2)).weights
+        img = panels[1].images[0].get_array()  # type: ignore[attr-defined]
+        np.testing.assert_allclose(img[-1, 0], np.nanmax(w[1]), rtol=1e-6)
+
+
+def test_long_html_view_selects_sinks_and_recent(long_capture: tuple[Path, Path], tmp_path: Path) -> None:
+    state, queries = long_capture
+    page = tmp_path / "long.html"
+    argv = ["plot", "attention-html", str(state), "--queries", str(queries), "--layer", "2", "-o", str(page)]
+    assert main(argv) == 0
+    data = _embedded(page.read_text())
+    (layer,) = data["layers"]  # type: ignore[misc]
+    assert [(p["start"], p["stop"]) for p in layer["parts"]] == [(0, 64), (2600 - 960, 2600)]
+    assert data["rows"]["pos"] == list(range(2600 - 256, 2600))  # type: ignore[index]
+    assert page.stat().st_size < 4 * 256 * 1024 * 2 * 4 // 3 + 200_000  # float16, base64, + the axes
+    attrs = element_attrs(dump_dom(page.resolve().as_uri()), "kvfast-status")
+    # causal: the sinks seen by every row, of the recent cells those at or before the row's position
+    seen = 256 * 64 + sum(p - (2600 - 960) + 1 for p in range(2600 - 256, 2600))
+    assert "data-error" not in attrs and int(attrs["data-drawn"]) == seen

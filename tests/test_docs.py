@@ -153,10 +153,25 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_site_builds_strictly_with_its_pictures(site: Path) -> None:
     pictures = ["layout.png", "heatmap.png", "stats.png", "diff-gemma3.png", "drift.png"]
-    for png in pictures:
+    attention = ["attention-map.png", "attention-zoom.png", "attention-mass.png", "attention-view.html"]
+    for png in pictures + attention:
         assert (site / "pictures" / png).stat().st_size > 5000, png
     shown = (site / "guide" / "pictures.html").read_text()
-    assert all(f"../pictures/{png}" in shown for png in pictures[:4])
+    assert all(f"../pictures/{png}" in shown for png in pictures[:4] + attention)
+    assert '<iframe src="../pictures/attention-view.html"' in shown  # the interactive view, embedded
+
+
+def test_the_site_searches_from_the_file_system(site: Path) -> None:
+    """The README says to open site/index.html: from file:// Material's search worker cannot start
+    (the box stayed at "Initializing search"); docs/hooks/offline.py's file-worker.js runs it. In
+    headless Chromium, a query in the URL (Material's ?q=) lists the pages that match."""
+    from browser import dump_dom
+
+    dom = dump_dom((site / "index.html").resolve().as_uri() + "?q=heatmap")
+    found = re.search(r'class="md-search-result__meta">([^<]*)<', dom)
+    assert found is not None and re.fullmatch(r"\d+ matching documents", found.group(1)), found
+    assert dom.count('class="md-search-result__item"') >= 2
+    assert (site / "assets/javascripts/file-worker.js").is_file()
 
 
 REMOTE = re.compile(

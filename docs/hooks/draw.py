@@ -70,6 +70,38 @@ def drift(out: Path) -> None:
     save(fig, out / "drift.png")
 
 
+def attention(out: Path) -> None:
+    """The attention pictures and the interactive page of a capture the probe runner makes at
+    build: the tiny random-weight iSWA Gemma 3 of tests/data (no Gemma 3 270M GGUF ships with the
+    repository), 600 tokens (two micro-batches), every query captured."""
+    import tempfile
+
+    import numpy as np
+
+    from kvfast import attn, probe
+
+    tokens = np.random.default_rng(0).integers(1, 250, 600).tolist()
+    with tempfile.TemporaryDirectory() as tmp:
+        man = probe.run(
+            DATA / "models/tiny-gemma3-attn.gguf",
+            [{"id": "p", "tokens": tokens}],
+            tmp,
+            queries="all",
+            whole_state=True,
+            progress=False,
+        )
+        q = attn.Queries.load(Path(tmp) / "p.queries.json")
+        with kvfast.open(Path(tmp) / man["whole_state"][0]) as st:
+            save(kvfast.plot.attention_map(st, q, 2, heads=[0, 1]), out / "attention-map.png")
+            zoom = kvfast.plot.attention_map(st, q, 2, heads=[0], rows=(-48, None), cells="8+48")
+            save(zoom, out / "attention-zoom.png")
+            save(kvfast.plot.attention_mass(st, q), out / "attention-mass.png")
+            view = kvfast.plot.attention_html(
+                st, q, rows=(-64, None), title="tiny Gemma 3 (random weights), 600 tokens"
+            )
+            view.save(out / "attention-view.html")
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     with kvfast.open(kvfast.sample_path()) as d:
@@ -82,6 +114,7 @@ def main() -> None:
     q8 = kvfast.open(SERVER / "gemma3-270m-server-q8_0-slot0.bin", head_dim=256)
     save(kvfast.plot.diff(f16, q8), out / "diff-gemma3.png")
     drift(out)
+    attention(out)
 
 
 if __name__ == "__main__":

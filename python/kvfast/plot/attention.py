@@ -111,7 +111,7 @@ def attention_map(
 
     ``scale``: ``"log"`` (default: at thousands of cells most weights are near 1/cells beside sinks
     near 1, which only a log scale shows together), ``"row"`` (each query row divided by its
-    largest weight) or ``"linear"``. The weights come from :func:`kvfast.attn.dense`, in memory of
+    largest weight) or ``"linear"``. The weights come from ``kvfast.attn.dense``, in memory of
     the order of the drawn array: past 1024 rows or 2048 cells a drawn value is the largest weight
     of its block (the title says so; see :mod:`kvfast.plot.grid`)."""
     g = attention_grid(

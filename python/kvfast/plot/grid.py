@@ -1,5 +1,5 @@
 """The weights a picture of attention draws (:func:`attention_grid`): one model layer's weights as
-a dense ``[head, query, cell]`` array from :func:`kvfast.attn.dense`, for a range of query rows and
+a dense ``[head, query, cell]`` array from ``kvfast.attn.dense``, for a range of query rows and
 the cells asked for (a range, or the first cells and the last ones side by side: ``"sinks+recent"``),
 with the tokens' text on both axes.
 
@@ -32,7 +32,7 @@ MAX_ROWS = 1024
 MAX_COLS = 2048
 """Cells drawn at most per part: more are shown as the maximum over blocks of cells."""
 CHUNK_VALUES = 1 << 24
-"""Weights read from :func:`kvfast.attn.dense` at once when pooling (64 MiB of float32)."""
+"""Weights read from ``kvfast.attn.dense`` at once when pooling (64 MiB of float32)."""
 
 
 @dataclass(frozen=True)
