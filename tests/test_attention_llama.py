@@ -89,7 +89,9 @@ def capture(
         _, writers, rows = decode_group(r, [p], [], 0, cap, None, out)
         r.save_whole(out / "state.bin")
         r.save_seq(out / "p.ggsq", 0, PROMPT)
-        side = write_sidecar(writers[0], cap, {"model": str(model), "state": "p.ggsq"}, rows[0])
+        side = write_sidecar(
+            writers[0], cap, {"model": str(model), "state": "p.ggsq", "whole_state": "state.bin"}, rows[0]
+        )
     finally:
         r.close()
     return out / side, out / "state.bin", soft.got
@@ -132,7 +134,11 @@ def test_weights_equal_llamas_softmax(tmp_path: Path, name: str, ctk: str, what:
         # the scale llama.cpp applied is kvfast's rule's (Gemma: in the query, then 1.0)
         assert lay.llama_scale == pytest.approx(ours[lay.model_layer]["scale"], rel=1e-6)
         if "gemma3" in name:
-            assert info["q_prescale"] == pytest.approx(0.125) and info["kq_scale"] == 1.0
+            assert (
+                info["q_prescale"] == pytest.approx(0.125)
+                and info["op_scale"] == 1.0
+                and "kq_scale" not in info
+            )
         assert info["positions_checked"] is True
     assert q.pos.tolist() == list(range(len(PROMPT)))
     with kvfast.open(state, model=model, rotation="hadamard" if rotation else "auto") as st:
@@ -161,13 +167,14 @@ def test_weights_equal_llamas_softmax(tmp_path: Path, name: str, ctk: str, what:
     )
     assert worst < TOL[ctk], f"{what}: largest difference {worst}"
     if "gemma3" in name:
-        # a sequence save keeps only the last window of a sliding cache: its early queries are refused
+        # a sequence save keeps only the last window of a sliding cache: its early queries are left
+        # out (the default) or refused (incomplete="error")
         with kvfast.open(tmp_path / "p.ggsq", model=model, rotation="hadamard" if rotation else "auto") as st:
             with pytest.raises(
                 kvfast.SelectionError, match=r"saw \d cells in llama.cpp, the cache holds [0-3] of"
             ):
-                attn.attention(st, q)
-            last = attn.attention(st, q, incomplete="skip").filter(pl.col("cache") == 1)
+                attn.attention(st, q, incomplete="error")
+            last = attn.attention(st, q).filter(pl.col("cache") == 1)
             assert last["query_pos"].unique().to_list() == [len(PROMPT) - 1]
 
 

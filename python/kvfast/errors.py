@@ -159,6 +159,11 @@ class ForkWarning(KvfastWarning, RuntimeWarning):
     operations may never return (see :mod:`kvfast.fork`)."""
 
 
+class ManifestWarning(KvfastWarning):
+    """A probe manifest beside a state names it but does not describe it (its recorded size or
+    tokens are not the file's: another run's manifest): what it recorded is not used."""
+
+
 class TokenMismatchWarning(KvfastWarning):
     """Two states compared position for position hold different tokens at some positions."""
 
@@ -229,6 +234,7 @@ __all__ = [
     "KvfastError",
     "KvfastWarning",
     "LoadError",
+    "ManifestWarning",
     "MatchError",
     "ModelMismatchError",
     "NotFetchedError",

@@ -9,10 +9,14 @@ A capture of one sequence is two files beside its state (``OUT/<id>.ggsq``):
   .npy's name), ``shape``, ``basis`` (what the vectors are), ``model`` (the GGUF), ``state``,
   ``prompt_id``, ``rows`` (per row: ``pos``, ``seq``, ``token``, ``generated``) and ``layers`` (per
   attention layer: ``model_layer``, ``offset`` in the row, ``n_head``, ``head_dim``, the window,
-  and what llama.cpp's graph showed: ``llama_scale`` (the scale of q . k it applied to these
-  vectors: ``kq_scale`` times ``q_prescale``), ``softcap``, ``rotation`` (the Hadamard group undone,
-  0: none), ``sinks`` (learned sink logits per head, or null), ``flash_attn``,
-  ``positions_checked``).
+  and what llama.cpp's graph showed: ``llama_scale``, **the** scale of q . k that llama.cpp applied
+  to these vectors (the one to use: ``kvfast.attention`` does), and its two factors as the graph
+  holds them, ``op_scale`` (the scale argument of the ``kq`` soft-max op alone: 1.0 for a model that
+  scales its queries in the graph, as Gemma does) and ``q_prescale`` (that query scaling, divided
+  out of the vectors); ``softcap``, ``rotation`` (the Hadamard group undone, 0: none), ``sinks``
+  (learned sink logits per head, or null), ``flash_attn``, ``positions_checked``). Sidecars written
+  before ``op_scale`` had the name call it ``kq_scale``: :meth:`Queries.load` reads it as
+  ``op_scale``, so that no field named like the attention scale holds a factor of it.
 
 The probe manifest's ``queries`` column names each state's sidecar. :meth:`Queries.load` maps the
 values (nothing is read until used); :meth:`Queries.from_arrays` makes queries of one's own.
@@ -50,6 +54,16 @@ def sidecar_name(values: Path) -> str:
     return values.name.removesuffix(".npy") + ".json"
 
 
+def _renamed(layer: dict[str, Any]) -> dict[str, Any]:
+    """A sidecar's layer entry with an older name read as the format names it now: ``kq_scale``
+    (the soft-max op's scale argument, not the attention scale) as ``op_scale``."""
+    if "kq_scale" not in layer:
+        return layer
+    out = {k: v for k, v in layer.items() if k != "kq_scale"}
+    out.setdefault("op_scale", layer["kq_scale"])
+    return out
+
+
 @dataclass(frozen=True)
 class QueryLayer:
     """Where one attention layer's query heads lie in a row, and what llama.cpp applied."""
@@ -76,6 +90,11 @@ class Queries:
     #: The GGUF model they were captured with (None: not known).
     model: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    #: Per row, the token llama.cpp decoded there (None: not known, as for queries of one's own):
+    #: what :mod:`kvfast.attn.belongs` checks against the state's tokens.
+    token: npt.NDArray[np.int32] | None = None
+    #: The sidecar they were loaded from (None: made in memory).
+    source: str | None = None
 
     def __post_init__(self) -> None:
         n = len(self.pos)
@@ -83,6 +102,8 @@ class Queries:
             raise ValueError(
                 f"queries: values of shape {self.values.shape} for {n} positions and {len(self.seq)} sequences"
             )
+        if self.token is not None and len(self.token) != n:
+            raise ValueError(f"queries: {len(self.token)} tokens for {n} rows")
         for lay in self.layers:
             if lay.offset < 0 or lay.offset + lay.n_head * lay.head_dim > self.values.shape[1]:
                 raise ValueError(
@@ -113,11 +134,25 @@ class Queries:
                 x["head_dim"],
                 x.get("llama_scale"),
                 x.get("sinks"),
-                info=x,
+                info=_renamed(x),
             )
             for x in s.layers
         ]
-        return cls(s.values, s.pos, s.seq, layers, s.model, s.side)
+        return cls(s.values, s.pos, s.seq, layers, s.model, s.side, s.token, os.fspath(path))
+
+    def rows(self, keep: npt.NDArray[np.bool_]) -> Queries:
+        """The rows where `keep` is true (a copy), with their positions, sequences and tokens."""
+        token = None if self.token is None else self.token[keep]
+        return Queries(
+            np.ascontiguousarray(self.values[keep]),
+            self.pos[keep],
+            self.seq[keep],
+            self.layers,
+            self.model,
+            self.meta,
+            token,
+            self.source,
+        )
 
     @classmethod
     def from_arrays(

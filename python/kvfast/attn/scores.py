@@ -19,7 +19,6 @@ import os
 from collections.abc import Sequence
 from typing import Literal
 
-import numpy as np
 import polars as pl
 
 from kvfast.attn.queries import Queries
@@ -29,10 +28,6 @@ from kvfast.read.state import State
 Rule = Literal["h2o", "snapkv", "tova"]
 RULES: tuple[Rule, ...] = ("h2o", "snapkv", "tova")
 KEYS = ["cache", "stream", "cell"]
-
-
-def _rows(q: Queries, keep: np.ndarray) -> Queries:
-    return Queries(np.ascontiguousarray(q.values[keep]), q.pos[keep], q.seq[keep], q.layers, q.model, q.meta)
 
 
 def scores(
@@ -52,11 +47,11 @@ def scores(
     if not len(q.pos):
         raise ValueError("no query to score with")
     if rule == "tova":
-        q = _rows(q, q.pos == q.pos.max())
+        q = q.rows(q.pos == q.pos.max())
     elif rule == "snapkv":
         if observe < 1:
             raise ValueError(f"observe must be positive, not {observe}")
-        q = _rows(q, q.pos > q.pos.max() - observe)
+        q = q.rows(q.pos > q.pos.max() - observe)
     m = mass(state, q, model=model, incomplete=incomplete)
     per = m.group_by([*KEYS, "pos"]).agg(pl.col("mass").sum().alias("score")).sort(KEYS)
     if rule == "snapkv" and pool > 1:

@@ -37,6 +37,8 @@ class Sidecar:
         self.values = self.load_values(rows, width)
         self.pos = self.ints("rows.pos", self.entry("rows", dict).get("pos"), rows)
         self.seq = self.ints("rows.seq", self.side["rows"].get("seq"), rows)
+        token = self.side["rows"].get("token")
+        self.token = None if token is None else self.ints("rows.token", token, rows)
         self.layers = self.check_layers(width)
         model = side.get("model")
         self.model = model if isinstance(model, str) else None

@@ -12,8 +12,15 @@ group, learned sink logits in the denominator where the layer has them.
 ``scale``: None for the model's (kvfast-core's rule from the header; where llama.cpp recorded the
 scale it applied at capture and the two differ, :class:`kvfast.ModelMismatchError`), a number for
 every layer, or a dict per model layer. ``incomplete``: a query whose cache lacks cells it saw in
-llama.cpp (a sequence save of a sliding-window cache keeps only its last window) raises
-:class:`kvfast.SelectionError` (``"error"``) or is left out (``"skip"``).
+llama.cpp (a sequence save of a sliding-window cache keeps only its last window) is left out
+(``"skip"``, the default of every function of :mod:`kvfast.attn` and :mod:`kvfast.plot`) or raises
+:class:`kvfast.SelectionError` (``"error"``). One default for all, and ``"skip"``: the views
+(sinks, scores, the dense array, the pictures) must work on the states llama.cpp saves, where a
+sliding-window layer lacks the early cells by design; a query left out is absent from a table (NaN
+in the dense array), never computed over fewer cells. Pass ``"error"`` to insist on whole queries.
+
+Queries that are not of the state (another prompt's: its tokens differ, or positions it does not
+hold) or not of the model are refused before anything is computed (:mod:`kvfast.attn.belongs`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import numpy as np
 import polars as pl
 
 from kvfast import _kvfast
+from kvfast.attn import belongs
 from kvfast.attn.queries import Queries
 from kvfast.errors import ModelMismatchError, RotationError, SelectionError
 from kvfast.read.state import State
@@ -81,6 +89,7 @@ def _call(
 ) -> list[pl.DataFrame]:
     q = queries if isinstance(queries, Queries) else Queries.load(queries)
     m = _model(state, q, model)
+    belongs.check(state, q, m)
     rotated = {int(lay.info.get("rotation") or 0) for lay in q.layers} - {0}
     as_stored = [
         r for r in state.rotation if r.kind == "k" and not r.undone and r.type not in ("f16", "f32", "bf16")
@@ -130,7 +139,7 @@ def attention(
     heads: Sequence[int] | None = None,
     scale: float | dict[int, float] | None = None,
     sinks: dict[int, Sequence[float]] | None = None,
-    incomplete: Incomplete = "error",
+    incomplete: Incomplete = "skip",
     chunk: int = 64,
 ) -> pl.DataFrame:
     """The weight of every cell each query sees: one row per (cache, stream, layer, model_layer,
@@ -149,7 +158,7 @@ def mass(
     heads: Sequence[int] | None = None,
     scale: float | dict[int, float] | None = None,
     sinks: dict[int, Sequence[float]] | None = None,
-    incomplete: Incomplete = "error",
+    incomplete: Incomplete = "skip",
     chunk: int = 64,
 ) -> pl.DataFrame:
     """The attention mass each cell received, summed over the queries (per cache, stream, layer,
@@ -167,7 +176,7 @@ def entropy(
     heads: Sequence[int] | None = None,
     scale: float | dict[int, float] | None = None,
     sinks: dict[int, Sequence[float]] | None = None,
-    incomplete: Incomplete = "error",
+    incomplete: Incomplete = "skip",
     chunk: int = 64,
 ) -> pl.DataFrame:
     """The entropy (nats) of each query head's weights: per cache, layer, model_layer, head,
@@ -185,7 +194,7 @@ def top_k(
     heads: Sequence[int] | None = None,
     scale: float | dict[int, float] | None = None,
     sinks: dict[int, Sequence[float]] | None = None,
-    incomplete: Incomplete = "error",
+    incomplete: Incomplete = "skip",
     chunk: int = 64,
 ) -> pl.DataFrame:
     """The ``k`` cells of largest weight of each query head, largest first (``rank`` 0): the
@@ -205,7 +214,7 @@ def reductions(
     heads: Sequence[int] | None = None,
     scale: float | dict[int, float] | None = None,
     sinks: dict[int, Sequence[float]] | None = None,
-    incomplete: Incomplete = "error",
+    incomplete: Incomplete = "skip",
     chunk: int = 64,
 ) -> dict[str, pl.DataFrame]:
     """Several of :func:`attention` (``"weights"``), :func:`mass`, :func:`entropy` and

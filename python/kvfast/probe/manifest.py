@@ -7,6 +7,9 @@ it), the geometry and token pieces only when it is given neither a model nor a h
 parsed once per directory and kept while its file is unchanged (same modification time, size and
 inode), so opening 200 states beside one manifest reads it once. A file of that name that is not a
 probe manifest (another tool's: columns missing or of other types) gives no hint, never an error.
+A row that names the state but does not describe it (its recorded size, or tokens, are not the
+file's: another run's manifest beside a state renamed or copied there) is not used, with a
+:class:`~kvfast.errors.ManifestWarning`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import polars as pl
 
+from kvfast.errors import ManifestWarning, warn
 from kvfast.model.geometry import ModelGeometry
 
 #: The manifest's file name, beside the states.
@@ -41,6 +45,9 @@ class Recorded:
     #: Whether the llama.cpp that wrote it rotated quantized caches (None: the manifest predates it).
     attn_rot: bool | None
     build: str | None
+    #: The tokens the run saved in the state (prefix, prompt, generated; None: not recorded, or a
+    #: batch's whole state): a state whose own tokens differ is not the one the row describes.
+    tokens: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -146,9 +153,18 @@ def describing(path: str | os.PathLike[str]) -> Path | None:
     return p.parent / NAME
 
 
+def _tokens(row: dict[str, Any]) -> list[int] | None:
+    parts = [row.get(k) for k in ("prefix_tokens", "tokens", "generated")]
+    if not all(isinstance(x, list) and all(isinstance(t, int) for t in x) for x in parts):
+        return None
+    return [t for x in parts for t in x]  # type: ignore[union-attr]
+
+
 def recorded_for(path: str | os.PathLike[str]) -> Recorded | None:
     """What the probe manifest beside the state at `path` recorded about it; None when there is no
-    manifest, it is not a probe manifest, or it does not name the state."""
+    manifest, it is not a probe manifest, or it does not name the state, or the row does not
+    describe the file (its recorded size differs: another run's manifest beside a state renamed or
+    copied there; said with a :class:`~kvfast.errors.ManifestWarning`)."""
     p = Path(path)
     parsed = _manifest(p.parent)
     if parsed is None or p.name not in parsed.rows:
@@ -157,11 +173,32 @@ def recorded_for(path: str | os.PathLike[str]) -> Recorded | None:
     geometry = _geometry(row)
     if geometry is None:
         return None
-    pieces = row.get("pieces") if row["state"] == p.name else None
+    own = row["state"] == p.name
+    size = row.get("size")
+    if own and isinstance(size, int) and not isinstance(size, bool):
+        try:
+            actual = os.stat(p).st_size
+        except OSError:
+            actual = size
+        if actual != size:
+            stray(p, f"its row records a state of {size} bytes, the file has {actual}")
+            return None
+    pieces = row.get("pieces") if own else None
     attn_rot, build = row.get("attn_rot"), row.get("llama_build")
     return Recorded(
         geometry,
         pieces if isinstance(pieces, list) else None,
         attn_rot if isinstance(attn_rot, bool) else None,
         build if isinstance(build, str) else None,
+        _tokens(row) if own else None,
+    )
+
+
+def stray(path: str | os.PathLike[str], why: str) -> None:
+    """Say that the manifest beside `path` names it but does not describe it, so it is not used."""
+    warn(
+        f"{path}: the probe manifest beside it names it but does not describe it ({why}): another run's "
+        "manifest? its geometry, token pieces and build are not used",
+        ManifestWarning,
+        about=os.fspath(path),
     )

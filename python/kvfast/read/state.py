@@ -104,6 +104,11 @@ class State:
         self._rotation_warning: tuple[str, str] | None = info["rotation_warning"]
         #: Whether K values are read before RoPE (``pre_rope=True``; see :mod:`kvfast.model.pre_rope`).
         self.pre_rope = pre_rope
+        if found is not None and found.tokens is not None and self.pieces is not None:
+            own = self.tokens
+            if own is not None and own.tolist() != found.tokens:
+                probe_manifest.stray(self.path, "its row records other tokens than the file holds")
+                self.pieces = None
 
     @property
     def recurrent(self) -> Recurrent | None:
