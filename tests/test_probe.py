@@ -108,11 +108,20 @@ def test_q8_0_agrees_with_f16(runs: dict[str, Path]) -> None:
 def test_resume_does_not_redo_states(runs: dict[str, Path]) -> None:
     before = {p.name: p.stat().st_mtime_ns for p in runs["f16"].glob("*.ggsq")}
     man = probe.run(
-        MODEL, runs["prompts"], runs["f16"], parallel=3, n_ctx=128, shared_prefix=PREFIX, progress=False
-    )
+        MODEL,
+        runs["prompts"],
+        runs["f16"],
+        parallel=3,
+        n_ctx=128,
+        shared_prefix=PREFIX,
+        whole_state=True,
+        generate=2,
+        progress=False,
+    )  # the settings of the first run: nothing is made again
     after = {p.name: p.stat().st_mtime_ns for p in runs["f16"].glob("*.ggsq")}
     assert before == after
     assert sorted(man.filter(status="ok")["prompt_id"].to_list()) == ["a", "b", "c"]
+    assert set(man["rerun"]) == {"kept"}
 
 
 def test_cli_probe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

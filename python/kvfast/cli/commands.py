@@ -276,12 +276,17 @@ def _window(text: str) -> int | str:
 
 def _cmd_probe(args: argparse.Namespace) -> int:
     from kvfast.probe import guard as probe_guard
+    from kvfast.probe import rerun
     from kvfast.probe import runner as probe
 
     text: str | None = args.shared_prefix
     prefix: str | list[int] | None = text
     if text is not None and text.strip().startswith("["):
         prefix = [int(t) for t in json.loads(text)]  # token ids, for models without a tokenizer
+    if args.count:
+        return _count_tokens(args, prefix)
+    if args.output is None:
+        raise kvfast.SelectionError("kvfast probe: -o/--output is required (unless --count)")
     try:  # in a child process: a crash of llama.cpp (SIGILL: built for another CPU) is reported
         man = probe_guard.run(
             args.model,
@@ -303,11 +308,36 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         print(f"kvfast probe: error: {e}", file=sys.stderr)
         return 128 + e.signal
     counts = man.group_by("status").len().sort("status")
+    done = rerun.summary(man)  # what this run made, made again (and why) or kept
     print(
-        ", ".join(f"{n} {s}" for s, n in counts.iter_rows()) + f"; manifest in {args.output}/{probe.MANIFEST}"
+        ", ".join(f"{n} {s}" for s, n in counts.iter_rows())
+        + (f"; {done}" if done else "")
+        + f"; manifest in {args.output}/{probe.MANIFEST}"
     )
     for pid, err in man.filter(pl.col("status") != "ok").select("prompt_id", "error").iter_rows():
         print(f"skipped {pid}: {err}", file=sys.stderr)
+    return 0
+
+
+def _count_tokens(args: argparse.Namespace, prefix: str | list[int] | None) -> int:
+    """``kvfast probe MODEL PROMPTS --count``: a line per prompt, its tokens and whether it fits."""
+    from kvfast.probe.count import count
+
+    df = count(
+        args.model,
+        args.prompts,
+        n_ctx=args.ctx,
+        parallel=args.parallel,
+        unified=not args.non_unified,
+        generate=args.generate,
+        shared_prefix=prefix,
+    )
+    for pid, n, cells, room, fits in df.iter_rows():
+        extra = f" ({cells} cells with the prefix and generated tokens)" if cells != n else ""
+        verdict = "fits" if fits else f"does not fit: {cells} > {room}, too_long"
+        print(f"{pid}\t{n} tokens{extra}\t{verdict} (--ctx {args.ctx})")
+    too = df.filter(~pl.col("fits")).height
+    print(f"{df.height} prompts, {df.height - too} fit, {too} too long", file=sys.stderr)
     return 0
 
 
@@ -470,15 +500,43 @@ def _parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("model", help="a GGUF model")
     pr.add_argument("prompts", help="a text file (one prompt a line) or JSONL (id, prompt or tokens)")
-    pr.add_argument("-o", "--output", required=True, help="output folder")
+    pr.add_argument("-o", "--output", help="output folder (required unless --count)")
+    pr.add_argument(
+        "--count",
+        action="store_true",
+        help="run nothing: print each prompt's token count and whether it fits --ctx (the model's"
+        " vocabulary alone is loaded)",
+    )
     types = list(ggml.TYPES)
-    pr.add_argument("--ctk", choices=types, default="f16", help="K cache type")
-    pr.add_argument("--ctv", choices=types, default="f16", help="V cache type")
-    pr.add_argument("--fa", choices=["on", "off"], default="on", help="flash attention (off: V transposed)")
-    pr.add_argument("--parallel", type=int, default=1, help="sequences decoded at once")
-    pr.add_argument("--ctx", type=int, default=4096, help="context size")
-    pr.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (CUDA builds)")
-    pr.add_argument("--generate", type=int, default=0, help="tokens to generate greedily before saving")
+    pr.add_argument("--ctk", choices=types, default="f16", help="K cache type (default: %(default)s)")
+    pr.add_argument("--ctv", choices=types, default="f16", help="V cache type (default: %(default)s)")
+    pr.add_argument(
+        "--fa", choices=["on", "off"], default="on", help="flash attention (off: V transposed; default: on)"
+    )
+    pr.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="sequences decoded at once (default: %(default)s)",
+    )
+    pr.add_argument(
+        "--ctx",
+        type=int,
+        default=4096,
+        help="context size in cells (default: %(default)s): --count tells which prompts fit",
+    )
+    pr.add_argument(
+        "--gpu-layers",
+        type=int,
+        default=0,
+        help="layers offloaded to the GPU (CUDA builds; default: %(default)s)",
+    )
+    pr.add_argument(
+        "--generate",
+        type=int,
+        default=0,
+        help="tokens to generate greedily before saving (default: %(default)s)",
+    )
     pr.add_argument("--shared-prefix", help="text decoded once and shared by every sequence of a batch")
     pr.add_argument("--non-unified", action="store_true", help="one cache stream per sequence")
     pr.add_argument("--whole-state", action="store_true", help="also save each batch's whole state")

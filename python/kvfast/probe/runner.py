@@ -25,6 +25,7 @@ import polars as pl
 from kvfast import _kvfast
 from kvfast.model.geometry import ModelGeometry
 from kvfast.probe import manifest as probe_manifest
+from kvfast.probe import rerun
 from kvfast.read.ggml import TYPES
 from kvfast.writing import output
 
@@ -80,7 +81,7 @@ _LOG_CALLBACK: Any = None
 GGML_LOG_LEVEL_ERROR = 4
 
 
-def _llama(verbose: bool = False) -> Any:
+def bindings(verbose: bool = False) -> Any:
     """The llama_cpp bindings, with llama.cpp's log cut to its errors unless `verbose`."""
     global _LOG_CALLBACK
     try:
@@ -119,7 +120,7 @@ class Runner:
         for t in (ctk, ctv):
             if t not in TYPES:
                 raise ValueError(f"unknown cache type {t!r}: one of {', '.join(TYPES)}")
-        L = self.L = _llama(verbose)
+        L = self.L = bindings(verbose)
         L.llama_backend_init()
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = gpu_layers
@@ -309,17 +310,18 @@ def run(
     kept whole (``swa_full``).
 
     A prompt longer than the context is reported (status ``too_long``) and skipped, never truncated.
-    States already in the manifest and on disk are not redone: an interrupted run resumes.
-    Returns the manifest.
+    A state already in the manifest and on disk is kept when it was made with this run's settings
+    and tokens (an interrupted run resumes); one made with other settings (cache types, flash
+    attention, context, model, generation, queries window, shared prefix, the prompt's text or
+    tokens) is made again, its old files removed first (:mod:`kvfast.probe.rerun`). Returns the
+    manifest; its ``rerun`` column says which rows this run made (``new``, ``redone``), ``kept`` or
+    left (``other``: prompts it was not given), ``changed`` what differed for a row made again.
     """
     model = os.fspath(model)
     out = output.folder(out_dir)
     todo = load_prompts(prompts)
     old = pl.read_parquet(out / MANIFEST) if (out / MANIFEST).exists() else None
-    done = set()
-    if old is not None:
-        ok = old.filter(pl.col("status") == "ok")
-        done = {pid for pid, st in ok.select("prompt_id", "state").iter_rows() if (out / st).exists()}
+    earlier = {} if old is None else {r["prompt_id"]: r for r in old.iter_rows(named=True)}
     geometry = _geometry(model)
     capture = None
     if queries is not None:
@@ -370,10 +372,19 @@ def run(
     per_seq = r.n_ctx if unified else r.n_ctx // parallel
     rows: list[dict[str, Any]] = []
     runnable = []
+    outcome: dict[str, str] = {}
+    why: dict[str, list[str]] = {}
+    stale: list[Path] = []
     for p in todo:
         p.ids = p.tokens if p.tokens is not None else r.tokenize(p.text or "", not prefix)
-        if p.id in done:
+        diff = rerun.changed(earlier.get(p.id), config, prefix, p.text, p.ids, out, whole_state)
+        if diff == []:
+            outcome[p.id] = "kept"
             continue
+        outcome[p.id] = "new" if diff is None else "redone"
+        if diff:  # never keep a state made with other settings under its name
+            why[p.id] = diff
+            stale += rerun.files_of(earlier[p.id], out)
         if len(prefix) + len(p.ids) + generate > per_seq or not p.ids:
             rows.append(
                 {
@@ -383,6 +394,8 @@ def run(
             )
             continue
         runnable.append(p)
+    rerun.remove(stale)
+    labels = (outcome, why)
     try:
         bar = None
         if progress:
@@ -395,12 +408,18 @@ def run(
             rows.extend(_run_batch(r, group, prefix, generate, out, bi, whole_state, config, capture, window))
             if bar is not None:
                 bar.update(len(group))
-            _write_manifest(out, old, rows)
+            _write_manifest(out, old, rows, labels)
         if bar is not None:
             bar.close()
     finally:
         r.close()
-    return _write_manifest(out, old, rows)
+    final = _write_manifest(out, old, rows, labels)
+    if old is not None and "whole_state" in final.columns:  # earlier batches' whole states no row names
+        named = set(final["whole_state"].drop_nulls().to_list())
+        rerun.remove(
+            [f for n in set(old["whole_state"].drop_nulls()) - named if (f := rerun.named_file(out, n))]
+        )
+    return final
 
 
 def _row(p: Prompt, status: str, config: dict[str, Any], prefix: list[int]) -> dict[str, Any]:
@@ -502,13 +521,18 @@ def _decode_batch(r: Runner, group: list[Prompt], prefix: list[int], generate: i
     return generated
 
 
-def _write_manifest(out: Path, old: pl.DataFrame | None, rows: list[dict[str, Any]]) -> pl.DataFrame:
+def _write_manifest(
+    out: Path,
+    old: pl.DataFrame | None,
+    rows: list[dict[str, Any]],
+    labels: tuple[dict[str, str], dict[str, list[str]]] = ({}, {}),
+) -> pl.DataFrame:
     new = pl.DataFrame(rows, infer_schema_length=None) if rows else None
     frames = [f for f in (old, new) if f is not None]
     if not frames:
         return pl.DataFrame()
     df = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
-    df = df.unique("prompt_id", keep="last", maintain_order=True)
+    df = rerun.label(df.unique("prompt_id", keep="last", maintain_order=True), *labels)
     with output.replacing(out / MANIFEST, guard_manifest=False) as tmp:
         df.write_parquet(tmp)
     return df
