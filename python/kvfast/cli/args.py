@@ -37,6 +37,17 @@ def non_negative_int(text: str) -> int:
     return _int(text, 0, "an index (0 or more)")
 
 
+def unit_interval(text: str) -> float:
+    """An argparse type: a number from 0 to 1 (a share, such as ``kvfast prune --ratio``)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a share from 0 to 1")
+    return v
+
+
 def require_paths(items: Iterable[str]) -> None:
     """FileNotFoundError (exit 1) for the first of `items` that names no file or folder: a path
     that does not exist, not a glob pattern (which may match nothing here and fails later) or a URL

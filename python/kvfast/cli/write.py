@@ -8,7 +8,7 @@ from typing import Any
 import kvfast
 from kvfast import _kvfast
 from kvfast.analysis import prune
-from kvfast.cli.args import non_negative_int
+from kvfast.cli.args import non_negative_int, unit_interval
 from kvfast.read import ggml
 
 
@@ -54,7 +54,7 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_prune(args: argparse.Namespace) -> int:
     keep: Any = prune.by_score(args.ratio, "k_l2", args.drop, args.sinks, args.window)
     if args.score != "key-norm" and args.queries is None:
-        raise SystemExit(f"kvfast prune: --score {args.score} needs --queries (a probe's <id>.queries.json)")
+        raise kvfast.SelectionError(f"--score {args.score} needs --queries (a probe's <id>.queries.json)")
     with _open(args) as d:
         if args.score != "key-norm":
             from kvfast.attn.scores import by_attention
@@ -127,7 +127,7 @@ def register(sub: Any) -> None:
     )
     _options(pr)
     pr.add_argument(
-        "--ratio", type=float, required=True, help="share of the unprotected cells to drop (0 to 1)"
+        "--ratio", type=unit_interval, required=True, help="share of the unprotected cells to drop (0 to 1)"
     )
     pr.add_argument("--drop", choices=["highest", "lowest"], default="highest", help="which key norms go")
     pr.add_argument(

@@ -38,11 +38,22 @@ def how_for(path: str | os.PathLike[str]) -> How:
     return by_magic.get(magic, "state_data")
 
 
+#: The context of a Replay given no ``n_ctx`` until a state needs more, and the room for decoding
+#: after a loaded state that one sized for it leaves.
+ROOM = 256
+
+
 class Replay:
     """One model and one context (cache types ``ctk`` / ``ctv``, flash attention ``fa``) to load
     states into and decode from; the logits of every decoded token are kept. ``swa_full``: the
     sliding-window cache sized for every cell (llama.cpp's ``swa_full``), as in the probe runner's
-    context when it captures queries."""
+    context when it captures queries.
+
+    ``n_ctx``: the context's size; None (the default) sizes it from the states loaded: :data:`ROOM`
+    cells until a state needs more, then, while the cache is empty, a context made again for the
+    state's cells (and positions) and :data:`ROOM` more. When llama.cpp refuses a state,
+    :class:`~kvfast.errors.LoadError` says why where kvfast can tell (the context too small for its
+    cells, another model, other cache types, a sliding-window cache that needs ``swa_full``)."""
 
     def __init__(
         self,
@@ -51,23 +62,17 @@ class Replay:
         ctk: str = "f16",
         ctv: str | None = None,
         fa: bool = True,
-        n_ctx: int = 256,
+        n_ctx: int | None = None,
         n_seq: int = 1,
         swa_full: bool = False,
         verbose: bool = False,
     ) -> None:
-        self.r = Runner(
-            os.fspath(model),
-            ctk=ctk,
-            ctv=ctv or ctk,
-            fa=fa,
-            parallel=n_seq,
-            n_ctx=n_ctx,
-            gpu_layers=0,
-            unified=True,
-            verbose=verbose,
-            swa_full=swa_full,
-        )
+        self.model = os.fspath(model)
+        self.ctk, self.ctv, self.swa_full, self.n_seq = ctk, ctv or ctk, swa_full, n_seq
+        #: Whether the context is sized from the states loaded (no ``n_ctx`` given).
+        self.sized = n_ctx is None
+        self.fa, self.verbose = fa, verbose
+        self.r = self._make(ROOM if n_ctx is None else n_ctx)
         self.L = self.r.L
 
     def close(self) -> None:
@@ -133,8 +138,10 @@ class Replay:
         """Load a state file into the cache (a sequence state into ``seq``) with the C API call of
         its container; returns what llama.cpp returns (bytes read, or 1 for a whole-state file);
         :class:`LoadError` if it refuses the state."""
-        L, ctx = self.L, self.r.ctx
         how = how or how_for(path)
+        if self.sized:
+            self._fit(path)
+        L, ctx = self.L, self.r.ctx
         cap = self.r.n_ctx
         toks = (L.llama_token * cap)()
         n_tok = ctypes.c_size_t(0)
@@ -150,6 +157,79 @@ class Replay:
             else:
                 n = L.llama_state_set_data(ctx, buf, len(data))
         if not n:
-            raise LoadError(f"llama.cpp refused {path} ({how})")
+            raise LoadError(f"llama.cpp refused {path} ({how}): {self._why(path)}")
         self.tokens = list(toks[: n_tok.value])
         return int(n)
+
+    def _make(self, n_ctx: int) -> Runner:
+        return Runner(
+            self.model,
+            ctk=self.ctk,
+            ctv=self.ctv,
+            fa=self.fa,
+            parallel=self.n_seq,
+            n_ctx=n_ctx,
+            gpu_layers=0,
+            unified=True,
+            verbose=self.verbose,
+            swa_full=self.swa_full,
+        )
+
+    def _empty(self) -> bool:
+        return all(self.seq_pos_max(s) < 0 for s in range(self.n_seq))
+
+    def _fit(self, path: str | os.PathLike[str]) -> None:
+        """Make the context again, sized for the state at `path`, when it needs more cells than
+        this one holds and the cache is empty."""
+        need = _needs(path, self.model)
+        if need is None or need <= self.r.n_ctx or not self._empty():
+            return
+        self.r.close()
+        self.r = self._make(need + ROOM)
+        self.L = self.r.L
+
+    def _why(self, path: str | os.PathLike[str]) -> str:
+        """Why llama.cpp may have refused the state at `path` in this context, as far as kvfast can
+        tell from the state and the model."""
+        import kvfast
+        from kvfast.errors import KvfastError
+
+        try:
+            with kvfast.open(path, model=self.model) as st:
+                caches = [(c.index, sum(s.cell_count for s in c.streams), c) for c in st.caches]
+                types = {(x.k_type, x.v_type) for c in st.caches for s in c.streams for x in s.layers}
+        except (KvfastError, OSError) as e:
+            return f"it does not fit the model {self.model}: {e}"
+        for index, cells, _ in caches:
+            if cells > self.r.n_ctx:
+                return (
+                    f"its cache {index} holds {cells} cells, the context {self.r.n_ctx}: "
+                    f"Replay(n_ctx={cells + ROOM}) or more, or no n_ctx to size it from the state"
+                )
+        want = (self.ctk, self.ctv)
+        other = sorted(t for t in types if t[0] != want[0] or (t[1] is not None and t[1] != want[1]))
+        if other:
+            return f"its cache types are K {other[0][0]}, V {other[0][1]}; the context's K {want[0]}, V {want[1]}"
+        if len(caches) > 1 and not self.swa_full:
+            return (
+                f"its sliding-window cache holds {caches[1][1]} cells, which a context without "
+                "swa_full may not keep (a state saved with swa_full): Replay(swa_full=True)"
+            )
+        if not self._empty():
+            return "the cache already holds cells where the state goes: clear() first"
+        return "kvfast sees no cause in the state: Replay(verbose=True) shows llama.cpp's log"
+
+
+def _needs(path: str | os.PathLike[str], model: str) -> int | None:
+    """The context a state needs: its most cells in one cache, or its last position + 1 if more
+    (None: kvfast cannot read it with the model; llama.cpp will say)."""
+    import kvfast
+    from kvfast.errors import KvfastError
+
+    try:
+        with kvfast.open(path, model=model) as st:
+            cells = [sum(s.cell_count for s in c.streams) for c in st.caches]
+            last = [int(s.pos.max()) + 1 for c in st.caches for s in c.streams if s.cell_count]
+    except (KvfastError, OSError):
+        return None
+    return max([*cells, *last, 0])

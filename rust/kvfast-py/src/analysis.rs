@@ -1,6 +1,7 @@
 //! Statistics, comparisons and quantization losses: kvfast-core's tables (`stats_tables`,
 //! `compare_table`) over a state's selection, computed with the GIL released, handed out as Arrow.
 
+use kvfast_core::compare::matching::Mismatch;
 use kvfast_core::compare::table::{compare as compare_table, Match, Other};
 use kvfast_core::open::Opened;
 use kvfast_core::plan::select::Selection;
@@ -169,6 +170,48 @@ pub(crate) fn compare_matched(
         };
         let [cells, layer] = compare_table(&pa, &ob, how)?;
         Ok((finish(cells), finish(layer)))
+    })
+    .map_err(|e| by_position(py, how, e))
+}
+
+/// A comparison by position alone that finds no cell of B at one of A's positions: said as
+/// positions (sequences play no part), not with the hint of a comparison by sequence (which
+/// suggests the mode that failed).
+fn by_position(py: Python<'_>, how: Match, e: Error) -> Error {
+    let Match::Position(below) = how else {
+        return e;
+    };
+    let Error::Mismatch(Mismatch::Cells {
+        missing,
+        cache,
+        stream,
+        pos,
+        ..
+    }) = e
+    else {
+        return e;
+    };
+    let (mode, why) = match below {
+        None => (
+            "position",
+            "B holds fewer positions than A, or other ones (a pruned state?)",
+        ),
+        Some(_) => (
+            "tokens",
+            "B lacks cells of the positions whose tokens A and B share (a pruned state?)",
+        ),
+    };
+    let message = format!(
+        "cannot match the states by position (match='{mode}'): {missing} positions of A's cache {cache} \
+         stream {stream} have no cell in B (first: position {pos}): {why}"
+    );
+    let made = py
+        .import("kvfast.errors")
+        .and_then(|m| m.getattr("MatchError"))
+        .and_then(|cls| cls.call1((message,)));
+    Error::Python(match made {
+        Ok(v) => PyErr::from_value(v),
+        Err(err) => err,
     })
 }
 
