@@ -277,7 +277,7 @@ def test_long_attention_map_holds_the_pictures_array_not_the_layers(
     long_capture: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """2,600 queries over 2,600 cells: 4 heads of 27 MB each as the layer's array; the picture reads
-    them a chunk at a time and keeps the largest of each 3 x 2 block."""
+    them a chunk at a time and keeps the largest of each 3 x 3 block."""
     state, queries = long_capture
     reads: list[int] = []
     real = attn.dense
@@ -293,11 +293,11 @@ def test_long_attention_map_holds_the_pictures_array_not_the_layers(
         panels = _panels(fig)
         assert len(panels) == 4
         shape = panels[0].images[0].get_array().shape  # type: ignore[attr-defined]
-        assert shape == (867, 1300)  # ceil(2600 / 3), ceil(2600 / 2)
+        assert shape == (867, 867)  # ceil(2600 / 3) both ways
         assert max(reads) <= 4 * grid_mod.CHUNK_VALUES
-        assert "the largest of 3 rows x 2 cells" in fig._suptitle.get_text()  # type: ignore[attr-defined]
+        assert "the largest of 3 rows x 3 cells" in fig._suptitle.get_text()  # type: ignore[attr-defined]
         # the first cell (<bos>) of a late block is one query's own weight or the block's largest
-        w = real(st, queries, 2, rows=(2598, 2600), cells=(0, 2)).weights
+        w = real(st, queries, 2, rows=(2598, 2600), cells=(0, 3)).weights
         img = panels[1].images[0].get_array()  # type: ignore[attr-defined]
         np.testing.assert_allclose(img[-1, 0], np.nanmax(w[1]), rtol=1e-6)
 

@@ -47,9 +47,13 @@ def _labels(pieces: list[str | None], cells: list[int]) -> list[str]:
 def _cell_ticks(ax: Axes, pieces: list[str | None], cell_ids: list[int], width: float) -> None:
     """The cell axis's ticks, as many as fit in `width` inches: the tokens' pieces where the state
     has them, else the cells' numbers."""
-    at = list(range(0, len(cell_ids), style.stride(len(cell_ids), style.fitting(width, spacing=2.2))))
+    named = any(p is not None for p in pieces)
+    # pieces stand rotated (a line of type each); numbers lie flat, as wide as their digits
+    digits = len(str(max(cell_ids))) if cell_ids else 1
+    spacing = 2.2 if named else max(2.2, 0.65 * digits + 1.2)
+    at = list(range(0, len(cell_ids), style.stride(len(cell_ids), style.fitting(width, spacing=spacing))))
     ax.set_xticks(at)
-    if any(p is not None for p in pieces):
+    if named:
         ax.set_xticklabels(
             _labels([pieces[i] for i in at], [cell_ids[i] for i in at]), rotation=90, fontsize=style.TICK
         )
@@ -112,7 +116,7 @@ def attention_map(
     ``scale``: ``"log"`` (default: at thousands of cells most weights are near 1/cells beside sinks
     near 1, which only a log scale shows together), ``"row"`` (each query row divided by its
     largest weight) or ``"linear"``. The weights come from ``kvfast.attn.dense``, in memory of
-    the order of the drawn array: past 1024 rows or 2048 cells a drawn value is the largest weight
+    the order of the drawn array: past 1024 rows or 1024 cells a drawn value is the largest weight
     of its block (the title says so; see :mod:`kvfast.plot.grid`)."""
     g = attention_grid(
         state, queries, layer, rows=rows, cells=cells, heads=heads, model=model, incomplete=incomplete

@@ -29,10 +29,10 @@ from kvfast.read.state import State
 
 MAX_ROWS = 1024
 """Query rows drawn at most: more are shown as the maximum over blocks of rows."""
-MAX_COLS = 2048
+MAX_COLS = 1024
 """Cells drawn at most per part: more are shown as the maximum over blocks of cells."""
-CHUNK_VALUES = 1 << 24
-"""Weights read from ``kvfast.attn.dense`` at once when pooling (64 MiB of float32)."""
+CHUNK_VALUES = 1 << 22
+"""Weights read from ``kvfast.attn.dense`` at once when pooling (16 MiB of float32)."""
 
 
 @dataclass(frozen=True)
