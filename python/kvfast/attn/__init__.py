@@ -13,7 +13,7 @@ attention-based pruning scores (H2O, SnapKV, TOVA).
 The capture module is imported when used (it needs llama-cpp-python), not with the package.
 """
 
-from kvfast.attn.dense import DenseAttention, dense
+from kvfast.attn.arrays import DenseAttention, dense
 from kvfast.attn.queries import Queries, QueryLayer
 from kvfast.attn.scores import by_attention, scores, sinks
 from kvfast.attn.weights import attention, entropy, mass, reductions, top_k
