@@ -227,7 +227,12 @@ def test_html_view_embeds_the_weights_as_float16(with_pieces: Path) -> None:  # 
             with pytest.raises(
                 kvfast.SelectionError, match=r"more than 50 weights .*2 layers x 4 heads x 5 rows x 7 cells"
             ):
-                attention_html(st, q)
+                attention_html(st, q, rows=(0, None))
+            # with neither rows nor cells given, the view shows fewer cells to fit the cap: the
+            # first and the last here
+            mp.setattr(html_mod, "MAX_VALUES", 200)
+            parts = _embedded(attention_html(st, q).html)["layers"][0]["parts"]  # type: ignore[index]
+            assert [p["piece"] for p in parts] == [WORDS[:1], WORDS[-1:]]
         finally:
             mp.undo()
 

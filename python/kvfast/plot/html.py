@@ -71,8 +71,17 @@ class HtmlView:
         )
 
 
+#: What the page says of a layer whose shown rows are all blank.
+BLANK = (
+    "no query shown sees every cell it saw in llama.cpp (a sequence save keeps only the last "
+    "window of a sliding-window cache): rows left blank; the probe's whole state (--whole-state) "
+    "holds them all"
+)
+
+
 def _layer_data(g: Grid) -> dict[str, Any]:
     w = g.stacked().astype(np.float16)
+    blank = bool(w.size) and bool(np.isnan(w).all(axis=(0, 2)).all())
     offset, parts = 0, []
     for p in g.parts:
         parts.append(
@@ -92,6 +101,7 @@ def _layer_data(g: Grid) -> dict[str, Any]:
         "n_cells": g.n_cells,
         "n_cols": offset,
         "parts": parts,
+        "blank": BLANK if blank else None,
         "weights": base64.b64encode(np.ascontiguousarray(w).astype("<f2").tobytes()).decode("ascii"),
     }
 
@@ -118,15 +128,12 @@ def attention_html(
     chosen = [lay.model_layer for lay in q.layers] if layers is None else [int(x) for x in layers]
     if not chosen:
         raise SelectionError("the queries hold no layer to show")
-    if rows is None:
-        rows = (-ROWS, None)
+    rows, cells = _fitting(q, chosen, heads, rows, cells)
     data: list[dict[str, Any]] = []
     total = 0
     first: Grid | None = None
     for layer in chosen:
         want = cells
-        if want is None:
-            want = f"{SINKS}+{RECENT}"  # all cells where the cache has no more than SINKS + RECENT
         g = attention_grid(
             state,
             q,
@@ -170,3 +177,27 @@ def attention_html(
     template = (files("kvfast") / "data" / "attention_view.html").read_text(encoding="utf-8")
     text = template.replace("__TITLE__", html.escape(heading)).replace("__DATA__", blob, 1)
     return HtmlView(text)
+
+
+def _fitting(
+    q: Queries,
+    layers: list[int],
+    heads: Sequence[int] | None,
+    rows: tuple[int | None, int | None] | None,
+    cells: CellsArg,
+) -> tuple[tuple[int | None, int | None], CellsArg]:
+    """The rows and cells shown where not given: the last :data:`ROWS` rows and the first
+    :data:`SINKS` and last :data:`RECENT` cells, fewer of each where the layers and heads shown
+    would embed more than :data:`MAX_VALUES` weights with them (a model of many layers)."""
+    n_heads = {lay.model_layer: lay.n_head for lay in q.layers}
+    planes = sum(len(heads) if heads is not None else n_heads.get(il, 1) for il in layers)
+    per = max(1, MAX_VALUES // max(1, planes))  # the weights of one head of one layer
+    n_rows, n_cols = ROWS, SINKS + RECENT
+    if rows is None and cells is None and n_rows * n_cols > per:
+        n_rows = min(ROWS, max(32, per // n_cols))
+        n_cols = max(2, per // n_rows)
+    sinks = min(SINKS, max(1, n_cols // 8))
+    return (
+        rows if rows is not None else (-n_rows, None),
+        cells if cells is not None else f"{sinks}+{n_cols - sinks}",
+    )
