@@ -34,6 +34,7 @@ import numpy.typing as npt
 import polars as pl
 
 from kvfast.attn.sidecar import Sidecar
+from kvfast.read.regular import Stamp
 
 FORMAT = "kvfast-queries"
 VERSION = 1
@@ -95,6 +96,8 @@ class Queries:
     token: npt.NDArray[np.int32] | None = None
     #: The sidecar they were loaded from (None: made in memory).
     source: str | None = None
+    #: The ``.npy`` file the values map, as it was at load (None: values in memory).
+    stamp: Stamp | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.pos)
@@ -138,7 +141,14 @@ class Queries:
             )
             for x in s.layers
         ]
-        return cls(s.values, s.pos, s.seq, layers, s.model, s.side, s.token, os.fspath(path))
+        return cls(s.values, s.pos, s.seq, layers, s.model, s.side, s.token, os.fspath(path), s.stamp)
+
+    def check_unchanged(self) -> None:
+        """:class:`kvfast.FileChangedError` when the ``.npy`` file the values map changed since
+        :meth:`load` (truncated, the next read of a vector would kill the process with SIGBUS):
+        every pass checks first, as a mapped state does."""
+        if self.stamp is not None:
+            self.stamp.check()
 
     def rows(self, keep: npt.NDArray[np.bool_]) -> Queries:
         """The rows where `keep` is true (a copy), with their positions, sequences and tokens."""

@@ -4,8 +4,10 @@ entry is checked against what the format says before a vector is used, and what 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvfast.errors import QueriesError
+from kvfast.read import regular
 
 
 class Sidecar:
@@ -23,7 +26,7 @@ class Sidecar:
     def __init__(self, path: Path, fmt: str, version: int) -> None:
         self.path = path
         try:
-            text = path.read_text()
+            text = regular.read_text(path)
         except UnicodeDecodeError as e:
             raise self.error("not UTF-8 text", None, e.start) from None
         try:
@@ -65,10 +68,18 @@ class Sidecar:
             raise self.error(f"expected a file name beside the sidecar, found {name!r}", "values")
         npy = self.path.with_name(name)
         try:
+            fd, st = regular.open_regular(npy)  # a FIFO would block np.load: refused at once
+            os.close(fd)
             values = np.load(npy, mmap_mode="r", allow_pickle=False)
+            # the mapped file as it was: a pass checks it first (truncated, a read would be SIGBUS)
+            self.stamp = regular.Stamp.of(npy, st)
         except FileNotFoundError:
             raise self.error(f"{npy} is missing", "values") from None
-        except (ValueError, OSError, EOFError) as e:
+        except OSError as e:
+            if e.errno in (errno.EINVAL, errno.EISDIR, errno.EACCES, errno.EPERM):
+                raise  # not a regular file, not readable: the OS error, as for a state
+            raise self.error(f"{npy} is not a whole .npy array ({e})", "values") from None
+        except (ValueError, EOFError) as e:
             raise self.error(f"{npy} is not a whole .npy array ({e})", "values") from None
         if not isinstance(values, np.ndarray) or values.dtype != np.float32 or values.ndim != 2:
             raise self.error(
@@ -92,10 +103,22 @@ class Sidecar:
             if not isinstance(x, dict):
                 raise self.error(f"expected an object, found {type(x).__name__}", here)
             for key, least in (("model_layer", 0), ("offset", 0), ("n_head", 1), ("head_dim", 1)):
-                if not (_whole(x.get(key)) and x[key] >= least):
+                if not (_whole(x.get(key)) and least <= x[key] < 2**31):
                     raise self.error(
-                        f"expected a whole number of at least {least}, found {x.get(key)!r}", f"{here}.{key}"
+                        f"expected a whole number of at least {least} (and below 2**31), found {x.get(key)!r}",
+                        f"{here}.{key}",
                     )
+            rotation = x.get("rotation")
+            if rotation is not None and not (_whole(rotation) and 0 <= rotation < 2**31):
+                raise self.error(
+                    f"expected the Hadamard group undone (a whole number, 0: none) or null, found {rotation!r}",
+                    f"{here}.rotation",
+                )
+            softcap = x.get("softcap")
+            if softcap is not None and not (_number(softcap) and math.isfinite(softcap) and softcap > 0):
+                raise self.error(
+                    f"expected a positive soft-cap or null, found {softcap!r}", f"{here}.softcap"
+                )
             if x["model_layer"] in seen:
                 raise self.error(f"model layer {x['model_layer']} is listed twice", f"{here}.model_layer")
             seen.add(x["model_layer"])

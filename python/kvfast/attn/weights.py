@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import polars as pl
@@ -52,6 +52,25 @@ def _model(state: State, q: Queries, model: str | os.PathLike[str] | None) -> st
     raise SelectionError(
         "attention needs the model's GGUF (model=PATH): its header says how each layer attends"
     )
+
+
+def _softcaps(model_layers: list[dict[str, Any]], q: Queries) -> None:
+    """The soft-cap llama.cpp applied at capture (the sidecar's ``softcap``) is the model's: kvfast
+    computes the weights with the model's, so another one would give other weights."""
+    ours = {int(a["model_layer"]): a["softcap"] for a in model_layers}
+    for lay in q.layers:
+        cap = lay.info.get("softcap")
+        mine = ours.get(lay.model_layer)
+        if (
+            cap is not None
+            and lay.model_layer in ours
+            and (mine is None or not math.isclose(cap, mine, rel_tol=1e-5))
+        ):
+            raise ModelMismatchError(
+                f"model layer {lay.model_layer}: llama.cpp soft-capped the logits at {cap} when the queries "
+                f"were captured, the model's header gives {mine or 'no soft-cap'}: kvfast computes the "
+                "weights with the model's"
+            )
 
 
 def _scales(model: str, q: Queries, scale: float | dict[int, float] | None) -> dict[int, float] | None:
@@ -88,7 +107,9 @@ def _call(
     chunk: int,
 ) -> list[pl.DataFrame]:
     q = queries if isinstance(queries, Queries) else Queries.load(queries)
+    q.check_unchanged()
     m = _model(state, q, model)
+    _softcaps(_kvfast.attention_layers(m), q)
     belongs.check(state, q, m)
     rotated = {int(lay.info.get("rotation") or 0) for lay in q.layers} - {0}
     as_stored = [

@@ -392,6 +392,11 @@ fn attention_to_py(e: kvfast_core::attention::AttnError) -> PyErr {
         E::Queries { field: "model", .. } => {
             kvfast_error("ModelMismatchError", msg, Some("model".into()))
         }
+        // a query, scale, soft-cap or sink that is no finite number
+        E::Queries {
+            field: field @ ("values" | "scale" | "softcap" | "sinks"),
+            ..
+        } => kvfast_error("QueriesError", msg, Some(field.into())),
         E::Queries { field, .. } => kvfast_error("SelectionError", msg, Some(field.into())),
         E::Incomplete(_) => kvfast_error("SelectionError", msg, Some("incomplete".into())),
     }

@@ -4,8 +4,16 @@
 //! computes (its layers and heads only); the error names the row, the model layer and the head.
 
 use crate::attention::params::LayerAttn;
-use crate::attention::pass::{Block, Queries};
 use crate::attention::AttnError;
+
+/// The query rows of a pass: `values` (rows of `row_len`), each row's position and sequence.
+#[derive(Clone, Copy)]
+pub struct Rows<'a> {
+    pub values: &'a [f32],
+    pub row_len: usize,
+    pub pos: &'a [i32],
+    pub seq: &'a [i32],
+}
 
 fn refuse(field: &'static str, message: String) -> AttnError {
     AttnError::Queries { field, message }
@@ -20,14 +28,15 @@ fn what(x: f64) -> &'static str {
 }
 
 /// Refuse a non-finite scale, soft-cap or sink logit of `attn`, or a non-finite value in the
-/// query heads `heads` of `block` in any row of `q`.
+/// query heads `heads` (of `head_dim` values, from value `offset` of a row) in any row of `q`.
 pub fn check(
-    q: &Queries,
-    block: &Block,
+    q: Rows,
+    offset: usize,
+    head_dim: usize,
     heads: &[usize],
     attn: &LayerAttn,
 ) -> Result<(), AttnError> {
-    let ml = block.model_layer;
+    let ml = attn.model_layer;
     if !attn.scale.is_finite() {
         return Err(refuse(
             "scale",
@@ -55,9 +64,10 @@ pub fn check(
             }
         }
     }
-    let d = block.head_dim;
+    let d = head_dim;
+    let width = heads.iter().max().map_or(0, |h| (h + 1) * d);
     for (r, row) in q.values.chunks_exact(q.row_len.max(1)).enumerate() {
-        let b = &row[block.offset..block.offset + block.n_head * d];
+        let b = &row[offset..offset + width];
         if b.iter().all(|v| v.is_finite()) {
             continue;
         }

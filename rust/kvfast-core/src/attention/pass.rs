@@ -234,7 +234,14 @@ impl Request<'_> {
                         hs.iter().map(|h| *h as usize).collect()
                     }
                 };
-                finite::check(&self.queries, block, &heads, attn)?;
+                let q = &self.queries;
+                let rows = finite::Rows {
+                    values: q.values,
+                    row_len: q.row_len,
+                    pos: q.pos,
+                    seq: q.seq,
+                };
+                finite::check(rows, block.offset, block.head_dim, &heads, attn)?;
                 out.push(Task {
                     cache: ci as u32,
                     layer: li as u32,
