@@ -13,7 +13,6 @@ A projection without `values` reads no value bytes at all.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 import re
@@ -25,6 +24,7 @@ from typing import Any
 
 import polars as pl
 
+from kvfast.dataset import walk
 from kvfast.model.geometry import ModelGeometry
 from kvfast.model.rotation import Mode
 from kvfast.read import remote, schema
@@ -82,7 +82,7 @@ def expand(paths: Paths, storage_options: remote.StorageOptions = None) -> list[
         if os.path.isdir(p):
             found += _states_below(Path(p))
         elif any(c in p for c in "*?[") and not os.path.exists(p):
-            found += [f for f in sorted(glob.glob(p, recursive=True)) if _may_be_state(Path(f))]
+            found += [f for f in walk.glob(p) if _may_be_state(Path(f))]
         else:
             found.append(p)
     if not found:
@@ -102,9 +102,10 @@ def _may_be_state(f: Path) -> bool:
 
 def _states_below(root: Path) -> list[str]:
     """The state files in `root` and every folder below it, sorted by path (symbolic links to
-    folders are not followed: no cycles)."""
+    folders are not followed: no cycles); a folder that cannot be listed is an error naming it,
+    never skipped."""
     out: list[str] = []
-    for here, dirs, files in os.walk(root):
+    for here, dirs, files in os.walk(root, onerror=walk.refuse):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
         out += [
             os.path.join(here, f) for f in files if not f.startswith(".") and Path(f).suffix in STATE_SUFFIXES

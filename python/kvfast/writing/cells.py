@@ -26,7 +26,7 @@ STATS = ["l2", "absmax", "mean", "std", "min", "max"]
 #: The statistics columns :func:`cells` can carry.
 STAT_COLUMNS = [f"{k}_{s}" for k in ("k", "v") for s in STATS]
 
-__all__ = ["STAT_COLUMNS", "WriteError", "cells", "keep_mask", "kept_positions"]
+__all__ = ["STAT_COLUMNS", "WriteError", "cells", "keep_mask", "kept_positions", "prunable"]
 
 
 def cells(dump: State, stats: Sequence[str] = ()) -> pl.DataFrame:
@@ -109,6 +109,31 @@ def keep_mask(dump: State, keep: Any, sync: bool) -> list[list[list[bool]]]:
     if dump.recurrent is not None:
         out.append([])
     return out
+
+
+def prunable(dump: State, mask: list[list[list[bool]]]) -> None:
+    """Refuse a keep that cannot mean what it asks: on a state with no attention cell (a recurrent
+    state, a hybrid's checkpoint of its recurrent part alone, an empty sequence: there is nothing
+    to keep or drop, and the state would be written unchanged), or one dropping cells of a partial
+    state (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the cache it lacks stays in llama.cpp's context,
+    holding every token, so a token dropped here is still attended to there)."""
+    flags = [f for cache in mask for stream in cache for f in stream]
+    if not flags:
+        raise WriteError(
+            "keep",
+            f"{dump.path} holds no cell of an attention cache (its memory: "
+            f"{'a recurrent part' if dump.recurrent is not None else 'empty caches'}): keep selects "
+            "attention cells, and there are none to keep or drop",
+        )
+    partial = dump.partial
+    if partial is not None and not all(flags):
+        raise WriteError(
+            "keep",
+            f"{dump.path} is a partial state (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: its {partial.absent} "
+            f"of model layers {partial.model_layers} is not in it): restored as llama-server restores a "
+            "checkpoint, that cache keeps every token, so a token dropped here is still attended to "
+            "there; prune the whole state (written without the flag) instead",
+        )
 
 
 def _synced(dump: State, frame: pl.DataFrame) -> pl.DataFrame:

@@ -22,7 +22,7 @@ from kvfast.read import remote, select
 from kvfast.read.ggml import TYPES
 from kvfast.writing import output
 from kvfast.writing import tokens as wt
-from kvfast.writing.cells import keep_mask, kept_positions
+from kvfast.writing.cells import keep_mask, kept_positions, prunable
 
 if TYPE_CHECKING:
     from kvfast.read.state import State
@@ -320,6 +320,8 @@ def write(
         q = seq_id if isinstance(seq_id, int) or seq_id is None else seq_id[i]
         retype, final = _retype(d, {"k": cache_type_k, "v": cache_type_v}, rotate, v_trans)
         mask = None if keep is None else keep_mask(d, keep, sync)
+        if mask is not None:
+            prunable(d, mask)
         seqs = _sequences(d)
         whole = d.container in ("ggsn", "state")
         extract = None

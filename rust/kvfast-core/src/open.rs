@@ -142,6 +142,9 @@ impl Opened {
             Some(m) => [m.head_dim_k, m.head_dim_v].map(|h| (h > 0).then_some(h)),
             None => [opts.head_dim; 2],
         };
+        if let Some(m) = opts.model {
+            same_model(layout, m)?;
+        }
         let fitted = fit_layers(layout, opts.model.map(Geometry::layers).as_ref())?;
         let (model_layers, partial) = (fitted.map, fitted.partial);
         if let Some(m) = opts.model {
@@ -224,6 +227,41 @@ impl Opened {
 }
 
 /// The model's head sizes and KV heads against every attention layer's rows.
+/// The state is of the model's architecture: a whole state names its own (checked before the
+/// layers, which a model of another arch may fit by chance, as a partial state with made-up
+/// model layers); cells carrying M-RoPE's extension are of a model with M-RoPE.
+fn same_model(layout: &Layout, m: &Geometry) -> Result<(), OpenError> {
+    let mismatch = |message: String| OpenError::Model {
+        message,
+        field: Some("general.architecture".into()),
+    };
+    if let Some(a) = layout.arch.as_deref() {
+        if a != m.arch {
+            return Err(mismatch(format!(
+                "the state was written by a {a} model, the model given is a {} model: open it \
+                 with its own model",
+                m.arch
+            )));
+        }
+    }
+    let arch = m.arch.as_str();
+    let mrope = crate::model::arch::MROPE.contains(&arch)
+        || crate::model::arch::MAYBE_MROPE
+            .iter()
+            .any(|(a, _)| *a == arch);
+    let ext = layout
+        .attention()
+        .flat_map(|c| &c.streams)
+        .any(|s| s.ext.is_some() && s.cell_count > 0);
+    if ext && !mrope {
+        return Err(mismatch(format!(
+            "the state's cells carry M-RoPE's position extension, the model given ({arch}) has no \
+             M-RoPE: open it with its own model"
+        )));
+    }
+    Ok(())
+}
+
 fn fit(
     layout: &Layout,
     m: &Geometry,

@@ -12,7 +12,17 @@ pub const GGSQ_MAGIC: u32 = 0x6767_7371;
 pub const GGSN_MAGIC: u32 = 0x6767_736E;
 pub const IO_MAGIC: u32 = 0xAF14_3CD8;
 const GGUF_MAGIC: u32 = 0x4655_4747;
-const MAX_ARCH_LEN: u32 = 64;
+/// The longest architecture name a whole state may start with (llama.cpp's names are far shorter).
+pub const MAX_ARCH_LEN: u32 = 64;
+
+/// Whether `name` is an architecture name a whole state may start with: 1 to [`MAX_ARCH_LEN`]
+/// bytes of `[A-Za-z0-9_.-]` (what the reader accepts, and so what the writer writes).
+pub fn is_arch_name(name: &[u8]) -> bool {
+    (1..=MAX_ARCH_LEN as usize).contains(&name.len())
+        && name
+            .iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"_-.".contains(c))
+}
 
 /// Options a caller may give the walk: what the model says where the bytes cannot tell.
 #[derive(Debug, Clone, Copy, Default)]
@@ -253,10 +263,7 @@ fn state_prefix(mut cur: Cursor, mut p: Prefix, with_outputs: bool) -> Result<Pr
         ));
     }
     let name = cur.take(len as u64, "arch name")?;
-    let ok = name
-        .iter()
-        .all(|c| c.is_ascii_alphanumeric() || b"_-.".contains(c));
-    if !ok {
+    if !is_arch_name(name) {
         return Err(Error::format(
             "arch name",
             off + 4,

@@ -3,6 +3,7 @@
 //! (llama.cpp's rotation undone and applied again) or given new values; the parts brought to
 //! another container's format.
 
+use crate::format::container::{is_arch_name, MAX_ARCH_LEN};
 use crate::format::layout::{Container, Kind, Memory};
 use crate::format::types::GgmlType;
 use crate::write::check::{self, sequences as seqs_of};
@@ -373,6 +374,17 @@ impl StateParts {
                     "a whole state starts with the model's architecture name, and this sequence \
                      state has none: open it with model= or pass arch= (--model / --arch on the \
                      command line)",
+                ));
+            }
+            if let Some(a) = self.arch.as_deref().filter(|a| !is_arch_name(a.as_bytes())) {
+                return Err(WriteError::request(
+                    "arch",
+                    format!(
+                        "an architecture name of 1 to {MAX_ARCH_LEN} characters of A-Z, a-z, 0-9, \
+                         '_', '.' and '-' (a model's general.architecture), not {:?}: neither \
+                         llama.cpp nor kvfast reads a state that starts with another",
+                        a
+                    ),
                 ));
             }
             // cells listing no sequence are a sequence state's (the recurrent part's, or a 2025
