@@ -202,6 +202,20 @@ class ProbeCrashError(KvfastError):
         self.signal = signal
 
 
+class ProbeError(KvfastError, ValueError):
+    """A probe run kvfast does not start: a prompt it cannot decode as given (``field`` names the
+    prompt and its entry: a JSONL line that is not an object, a token id that is not a whole number
+    of the model's vocabulary, an id that names no visible file) or an option out of range
+    (``field`` names the option: ``n_ctx``, ``parallel``, ...), before llama.cpp sees any."""
+
+    kind = "probe"
+    offset = None
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class QueriesError(KvfastError, ValueError):
     """A queries sidecar (``<id>.queries.json`` and its ``.npy``) that is truncated, corrupt or says
     nonsense: ``field`` names the entry, ``offset`` the character of the JSON where it stopped
@@ -241,6 +255,7 @@ __all__ = [
     "OutputError",
     "PreRopeError",
     "ProbeCrashError",
+    "ProbeError",
     "QueriesError",
     "RemoteError",
     "RotationError",

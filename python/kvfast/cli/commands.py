@@ -16,7 +16,7 @@ import kvfast
 from kvfast.cli import views as cli_views
 from kvfast.cli import warned
 from kvfast.cli import write as cli_write
-from kvfast.cli.args import BROKEN_PIPE, USAGE, non_negative_int, require_paths
+from kvfast.cli.args import BROKEN_PIPE, USAGE, non_negative_int, positive_int, require_paths
 from kvfast.errors import ProbeCrashError
 from kvfast.read import ggml, memory
 from kvfast.read.state import State
@@ -515,13 +515,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     pr.add_argument(
         "--parallel",
-        type=int,
+        type=positive_int,
         default=1,
-        help="sequences decoded at once (default: %(default)s)",
+        help="sequences decoded at once (1 to 256; default: %(default)s)",
     )
     pr.add_argument(
         "--ctx",
-        type=int,
+        type=positive_int,
         default=4096,
         help="context size in cells (default: %(default)s): --count tells which prompts fit",
     )
@@ -533,7 +533,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     pr.add_argument(
         "--generate",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="tokens to generate greedily before saving (default: %(default)s)",
     )

@@ -23,9 +23,11 @@ import numpy as np
 import polars as pl
 
 from kvfast import _kvfast
+from kvfast.errors import ProbeError
 from kvfast.model.geometry import ModelGeometry
+from kvfast.probe import checks, rerun
 from kvfast.probe import manifest as probe_manifest
-from kvfast.probe import rerun
+from kvfast.read import regular
 from kvfast.read.ggml import TYPES
 from kvfast.writing import output
 
@@ -47,7 +49,7 @@ def load_prompts(source: str | os.PathLike[str] | Sequence[str | dict[str, Any]]
     items: list[Any]
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        lines = [ln for ln in regular.read_text(path).splitlines() if ln.strip()]
         if path.suffix == ".jsonl":
             items = [json.loads(ln) for ln in lines]
         else:
@@ -59,21 +61,24 @@ def load_prompts(source: str | os.PathLike[str] | Sequence[str | dict[str, Any]]
         if isinstance(it, str):
             out.append(Prompt(id=f"p{i:05d}", text=it))
             continue
+        if not isinstance(it, dict):
+            raise ProbeError(
+                f"prompt {i + 1}: expected a string or an object (id, prompt or tokens), found "
+                f"{type(it).__name__} {json.dumps(it)[:40]}",
+                "prompts",
+            )
         pid = str(it.get("id", f"p{i:05d}"))
         if "tokens" in it:
-            out.append(Prompt(id=pid, tokens=[int(t) for t in it["tokens"]], text=it.get("prompt")))
+            out.append(Prompt(id=pid, tokens=checks.token_ids(pid, it["tokens"]), text=it.get("prompt")))
         elif "prompt" in it:
             out.append(Prompt(id=pid, text=str(it["prompt"])))
         else:
-            raise ValueError(f"prompt {pid}: needs 'prompt' or 'tokens'")
+            raise ProbeError(f"prompt {pid}: needs 'prompt' or 'tokens'", "prompts")
     ids = [p.id for p in out]
     if len(set(ids)) != len(ids):
-        raise ValueError("prompt ids must be unique")
+        raise ProbeError("prompt ids must be unique", "id")
     for pid in ids:
-        if pid in ("", ".", "..") or os.path.basename(pid) != pid or "/" in pid:
-            raise ValueError(
-                f"prompt id {pid!r}: ids name the states saved (OUT/<id>.ggsq), so no '/' or '..'"
-            )
+        checks.prompt_id(pid)
     return out
 
 
@@ -280,6 +285,7 @@ def _batches(prompts: list[Prompt], parallel: int, budget: int, prefix: int) -> 
         yield group
 
 
+@checks.exclusive
 def run(
     model: str | os.PathLike[str],
     prompts: str | os.PathLike[str] | Sequence[str | dict[str, Any]],
@@ -367,7 +373,7 @@ def run(
         prefix = (
             r.tokenize(shared_prefix, True)
             if isinstance(shared_prefix, str)
-            else [int(t) for t in shared_prefix]
+            else checks.token_ids("shared prefix", list(shared_prefix), "shared_prefix")
         )
     per_seq = r.n_ctx if unified else r.n_ctx // parallel
     rows: list[dict[str, Any]] = []
@@ -394,6 +400,11 @@ def run(
             )
             continue
         runnable.append(p)
+    try:  # llama.cpp refuses a batch with a token not in the vocabulary: say which, before any decode
+        checks.vocabulary(runnable, prefix, r.n_vocab)
+    except ProbeError:
+        r.close()
+        raise
     rerun.remove(stale)
     labels = (outcome, why)
     try:
