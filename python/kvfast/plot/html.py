@@ -187,15 +187,20 @@ def _fitting(
     cells: CellsArg,
 ) -> tuple[tuple[int | None, int | None], CellsArg]:
     """The rows and cells shown where not given: the last :data:`ROWS` rows and the first
-    :data:`SINKS` and last :data:`RECENT` cells, fewer of each where the layers and heads shown
-    would embed more than :data:`MAX_VALUES` weights with them (a model of many layers)."""
+    :data:`SINKS` and last :data:`RECENT` cells, fewer of each (of those not given) where the
+    layers and heads shown would embed more than :data:`MAX_VALUES` weights with them (a model of
+    many layers)."""
     n_heads = {lay.model_layer: lay.n_head for lay in q.layers}
     planes = sum(len(heads) if heads is not None else n_heads.get(il, 1) for il in layers)
     per = max(1, MAX_VALUES // max(1, planes))  # the weights of one head of one layer
-    n_rows, n_cols = ROWS, SINKS + RECENT
-    if rows is None and cells is None and n_rows * n_cols > per:
-        n_rows = min(ROWS, max(32, per // n_cols))
-        n_cols = max(2, per // n_rows)
+    n = len(q.pos)
+    n_rows = min(ROWS, n) if rows is None else len(range(*slice(*rows).indices(n)))
+    n_cols = SINKS + RECENT
+    if n_rows * n_cols > per:
+        if rows is None:
+            n_rows = min(n_rows, max(32, per // n_cols))
+        if cells is None:
+            n_cols = max(2, per // max(1, n_rows))
     sinks = min(SINKS, max(1, n_cols // 8))
     return (
         rows if rows is not None else (-n_rows, None),
