@@ -1,7 +1,7 @@
 """One meaning per option and messages that name the cause (issue 33's smaller items): the
 sidecar's scale fields, one ``incomplete`` default across kvfast.attn and kvfast.plot, Replay's
 context sized from the state and its refusals explained, the probe's defaults in --help and its
-token count, usage errors exiting 2, and a comparison by position
+token count, a malformed prompts file named, usage errors exiting 2, and a comparison by position
 that does not suggest itself."""
 
 from __future__ import annotations
@@ -84,6 +84,20 @@ def test_count_says_which_prompts_fit(tmp_path: Path, capsys: pytest.CaptureFixt
     assert not (tmp_path / "manifest.parquet").exists()
     assert main(["probe", str(QWEN3), str(prompts)]) == 2  # no -o and no --count: a usage error
     assert "-o/--output is required" in capsys.readouterr().err
+
+
+def test_a_malformed_prompts_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvfast.probe.runner import load_prompts
+
+    bad = tmp_path / "prompts.jsonl"
+    bad.write_text('{"id": "a", "prompt": "x"}\n\n{"id": "b", "prompt": "y",}\n')
+    with pytest.raises(kvfast.KvfastError) as e:
+        load_prompts(bad)
+    msg = str(e.value)
+    assert str(bad) in msg and "line 3" in msg and "expected one JSON object per line" in msg
+    assert "\n" not in msg
+    assert main(["probe", str(QWEN3), str(bad), "-o", str(tmp_path / "run")]) == 1
+    assert "line 3" in capsys.readouterr().err
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:

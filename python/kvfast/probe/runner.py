@@ -43,17 +43,34 @@ class Prompt:
     ids: list[int] = field(default_factory=list)  # tokens as decoded (prefix excluded)
 
 
+def _jsonl(path: Path) -> list[Any]:
+    """The values of a JSONL prompts file, one per non-blank line; a line that is not JSON is a
+    ProbeError naming the file, the line and what was expected."""
+    items = []
+    for n, ln in enumerate(regular.read_text(path).splitlines(), 1):
+        if not ln.strip():
+            continue
+        try:
+            items.append(json.loads(ln))
+        except json.JSONDecodeError as e:
+            raise ProbeError(
+                f"{path}, line {n}, column {e.colno}: not JSON ({e.msg}): expected one JSON object per"
+                ' line, {"id": ..., "prompt": "text"} or {"id": ..., "tokens": [ids]}',
+                "prompts",
+            ) from None
+    return items
+
+
 def load_prompts(source: str | os.PathLike[str] | Sequence[str | dict[str, Any]]) -> list[Prompt]:
     """Prompts from a text file (one per line), a JSONL file (``id`` and ``prompt`` or ``tokens``),
     or a list of strings or such dicts."""
     items: list[Any]
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        lines = [ln for ln in regular.read_text(path).splitlines() if ln.strip()]
         if path.suffix == ".jsonl":
-            items = [json.loads(ln) for ln in lines]
+            items = _jsonl(path)
         else:
-            items = lines
+            items = [ln for ln in regular.read_text(path).splitlines() if ln.strip()]
     else:
         items = list(source)
     out = []
