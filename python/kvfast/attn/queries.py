@@ -145,7 +145,7 @@ class Queries:
 
     def check_unchanged(self) -> None:
         """:class:`kvfast.FileChangedError` when the ``.npy`` file the values map changed since
-        :meth:`load` (truncated, the next read of a vector would kill the process with SIGBUS):
+        :meth:`Queries.load` (truncated, the next read of a vector would kill the process with SIGBUS):
         every pass checks first, as a mapped state does."""
         if self.stamp is not None:
             self.stamp.check()
