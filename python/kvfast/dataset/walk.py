@@ -1,4 +1,4 @@
-"""Glob patterns over local folders, as :func:`glob.glob` with ``recursive=True`` matches them, with
+"""Glob patterns over local folders, as ``glob.glob`` with ``recursive=True`` matches them, with
 two differences that keep a scan or an export of a folder tree bounded and complete:
 
 - ``**`` descends into real folders only, never through a symbolic link to one (two links to a
