@@ -109,8 +109,11 @@ def test_a_second_run_into_a_busy_folder_is_refused(tmp_path: Path) -> None:
             probe.run(MODEL, PROMPTS, out, n_ctx=64, progress=False)
         assert e.value.errno == errno.EBUSY
     assert not (out / probe.MANIFEST).exists()
-    # the lock goes with its holder: the next run goes on, and sweeps what a killed run left
-    left = out / ".a.queries.npy.tmp"
-    left.write_bytes(b"partial")
+    # the lock goes with its holder: the next run goes on, and a run resumed (its states kept) sweeps
+    # what a killed run left
+    assert probe.run(MODEL, PROMPTS, out, n_ctx=64, progress=False)["status"].to_list() == ["ok", "ok"]
+    left = [out / ".a.queries.npy.tmp", out / ".a.queries.json.tmp", out / ".a.ggsq.999999-0.kvfast-tmp"]
+    for f in left:
+        f.write_bytes(b"partial")
     man = probe.run(MODEL, PROMPTS, out, n_ctx=64, progress=False)
-    assert man["status"].to_list() == ["ok", "ok"] and not left.exists()
+    assert man["rerun"].to_list() == ["kept", "kept"] and not any(f.exists() for f in left)

@@ -9,8 +9,9 @@
   lives; a second run into the same folder is refused at once with :class:`kvfast.OutputError`
   (``errno.EBUSY``) rather than interleaving its manifest and temporary files with the first's.
   The lock goes with the process, so a killed run leaves none behind.
-- The temporary files a killed run left (a capture's ``.<id>.queries.npy.tmp`` and ``.json.tmp``)
-  are removed when the next run takes the folder: no run of it is alive then.
+- The temporary files a killed run left (a capture's ``.<id>.queries.npy.tmp`` and ``.json.tmp``,
+  a state's or the manifest's ``.<name>.<pid>-<n>.kvfast-tmp``) are removed when the next run takes
+  the folder, also where it keeps every state (a resumed run): no run of it is alive then.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ LOCK = ".kvfast-probe.lock"
 MAX_SEQ = 256
 #: The temporary files of a capture (kvfast.attn.capture), left by a run killed while it wrote them.
 _TEMPORARY = re.compile(r"^\..+\.queries\.(npy|json)\.tmp$")
+#: The temporary file of a state or manifest written under its final name (kvfast.writing.output).
+_WRITTEN = re.compile(r"^\.(.+)\.\d+-\d+" + re.escape(output.SUFFIX) + "$")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -118,13 +121,20 @@ def holding(out: Path) -> Iterator[None]:
 
 
 def sweep(out: Path) -> list[Path]:
-    """Remove the temporary files a killed run left in `out` (call with its lock held)."""
+    """Remove the temporary files a killed run left in `out` (call with its lock held): a capture's,
+    and those of the states and manifest it was writing (:func:`kvfast.writing.output.sweep`: only
+    those whose writer is gone)."""
     gone = []
+    finals = set()
     for name in os.listdir(out):
         if _TEMPORARY.match(name):
             with contextlib.suppress(FileNotFoundError):
                 (out / name).unlink()
                 gone.append(out / name)
+        elif m := _WRITTEN.match(name):
+            finals.add(m.group(1))
+    for final in sorted(finals):
+        gone += output.sweep(out / final)
     return gone
 
 
