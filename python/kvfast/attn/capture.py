@@ -296,7 +296,7 @@ def write_sidecar(
                 "window": a["window"],
                 "window_size": int(a["window_size"]),
                 "llama_scale": llama,
-                "kq_scale": s.kq_scale,
+                "op_scale": s.kq_scale,
                 "q_prescale": s.q_prescale,
                 "softcap": s.softcap,
                 "rotation": s.rotation,
