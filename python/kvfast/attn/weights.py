@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -93,20 +94,25 @@ def _scales(model: str, q: Queries, scale: float | dict[int, float] | None) -> d
     return None
 
 
-def _call(
+@dataclass(frozen=True)
+class Prepared:
+    """What a pass of queries over a state takes beside the vectors: the model's GGUF, each
+    layer's block of a row, and the scales and sinks given in place of the model's."""
+
+    model: str
+    blocks: list[tuple[int, int, int, int]]
+    scale: dict[int, float] | None
+    sinks: dict[int, list[float]] | None
+
+
+def prepare(
     state: State,
-    queries: QueriesArg,
-    what: Sequence[str],
-    k: int,
+    q: Queries,
     model: str | os.PathLike[str] | None,
-    layers: Sequence[int] | None,
-    heads: Sequence[int] | None,
     scale: float | dict[int, float] | None,
     sinks: dict[int, Sequence[float]] | None,
-    incomplete: Incomplete,
-    chunk: int,
-) -> list[pl.DataFrame]:
-    q = queries if isinstance(queries, Queries) else Queries.load(queries)
+) -> Prepared:
+    """Check that queries pair with a state's keys, and gather what a pass takes beside them."""
     q.check_unchanged()
     m = _model(state, q, model)
     _softcaps(_kvfast.attention_layers(m), q)
@@ -126,20 +132,39 @@ def _call(
         if sinks is not None
         else {lay.model_layer: [float(x) for x in lay.sinks] for lay in q.layers if lay.sinks is not None}
     )
+    blocks = [(lay.model_layer, lay.offset, lay.n_head, lay.head_dim) for lay in q.layers]
+    return Prepared(m, blocks, _scales(m, q, scale), given_sinks or None)
+
+
+def _call(
+    state: State,
+    queries: QueriesArg,
+    what: Sequence[str],
+    k: int,
+    model: str | os.PathLike[str] | None,
+    layers: Sequence[int] | None,
+    heads: Sequence[int] | None,
+    scale: float | dict[int, float] | None,
+    sinks: dict[int, Sequence[float]] | None,
+    incomplete: Incomplete,
+    chunk: int,
+) -> list[pl.DataFrame]:
+    q = queries if isinstance(queries, Queries) else Queries.load(queries)
+    p = prepare(state, q, model, scale, sinks)
     streams = _kvfast.attention(
         state._live(),
-        m,
+        p.model,
         np.ascontiguousarray(q.values, dtype=np.float32),
         q.row_len,
         np.ascontiguousarray(q.pos, dtype=np.int32),
         np.ascontiguousarray(q.seq, dtype=np.int32),
-        [(lay.model_layer, lay.offset, lay.n_head, lay.head_dim) for lay in q.layers],
+        p.blocks,
         list(what),
         k=k,
         layers=None if layers is None else [int(x) for x in layers],
         heads=None if heads is None else [int(x) for x in heads],
-        scale=_scales(m, q, scale),
-        sinks=given_sinks or None,
+        scale=p.scale,
+        sinks=p.sinks,
         incomplete=incomplete,
         chunk=chunk,
     )
