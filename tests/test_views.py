@@ -145,7 +145,7 @@ def test_addr_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
         ["layout", str(DATA / "gemma3-270m-f16-fa/state.ggsn")],
         ["layout", str(DATA / "qwen3tiny-f16-fa-2025/state.ggsn")],
         ["heatmap", str(F16), "--layer", "1", "--kind", "v"],
-        ["heatmap", str(DATA / "gemma3-270m-f16-fa/seq-0.bin"), "--layer", "2", "--cache", "1"],
+        ["heatmap", str(DATA / "gemma3-270m-f16-fa/seq-0.bin"), "--cache-layer", "2", "--cache", "1"],
         ["heatmap", str(F16), "--layer", "0", "--per-head", "--head-dim", "32"],
         ["stats", str(DATA / "gemma3-270m-f16-fa/state.ggsn")],
         ["diff", str(F16), str(DATA / "qwen3tiny-q4_0-q4_1-fa/seq-0.ggsq"), "--head-dim", "32"],
@@ -162,7 +162,7 @@ def test_plots_write_real_pictures(
 
 
 def test_plot_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plot", "heatmap", str(F16), "-o", str(tmp_path / "x.png")]) == 1
+    assert main(["plot", "heatmap", str(F16), "-o", str(tmp_path / "x.png")]) == 2  # a usage error
     assert "--layer" in capsys.readouterr().err
     assert main(["plot", "diff", str(F16), "-o", str(tmp_path / "x.png")]) == 1
     assert not (tmp_path / "x.png").exists()
