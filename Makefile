@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo install dev test test-rust test-python lint fmt docs docs-serve bench fuzz clean
+.PHONY: demo install dev browser test test-rust test-python lint fmt docs docs-serve bench fuzz clean
 
 # Install kvfast (no extras) and print the structure of the bundled sample state.
 demo: $(PY)
@@ -33,7 +33,12 @@ dev: $(PY)
 
 # The whole test suite: Rust unit tests, lint and type checks, Python tests (which run every example
 # of README.md and docs/, and build the documentation site strictly: tests/test_docs.py).
-test: install test-rust lint test-python
+test: install browser test-rust lint test-python
+
+# Headless Chromium (Debian's package) for the browser tests: the HTML attention view, the site's
+# search from file://; make test (KVFAST_REQUIRE_PROBE=1) requires it.
+browser:
+	command -v chromium >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
 
 # The core's tests and the binding's: kvfast-py's test binary links because pyo3's
 # extension-module feature is turned on by maturin alone (pyproject's [tool.maturin] features),
