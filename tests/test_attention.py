@@ -77,7 +77,7 @@ def test_weights_equal_numpy_on_one_sequence() -> None:
         ]  # fmt: skip
         j = joined(w, reference(st, q, 1 / np.sqrt(32)))
         assert len(j) == 2 * 4 * (1 + 4 + 7)  # layers x heads x cells seen (causal)
-        np.testing.assert_allclose(j["weight"], j["ref"], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(j["weight"], j["ref"], rtol=1e-5, atol=1e-12)  # f32 logits
         sums = w.group_by("layer", "head", "query_pos").agg(pl.col("weight").sum())["weight"]
         np.testing.assert_allclose(sums, 1.0, rtol=1e-12)
         # heads and layers select; the other reductions agree with the weights
@@ -101,7 +101,7 @@ def test_weights_equal_numpy_on_one_sequence() -> None:
             .agg((-(pl.col("weight") * pl.col("weight").log())).sum().alias("h"), pl.len().alias("n"))
             .sort("layer", "head", "query_pos")
         )
-        np.testing.assert_allclose(e["entropy"], ent["h"], rtol=1e-9, atol=1e-15)
+        np.testing.assert_allclose(e["entropy"], ent["h"], rtol=1e-6, atol=1e-12)  # from f32 sums
         assert e["cells"].to_list() == ent["n"].to_list()
         t = attn.top_k(st, q, k=2)
         best = w.sort("weight", descending=True).group_by("layer", "head", "query_pos").head(2)
@@ -149,7 +149,7 @@ def test_weights_follow_the_sequences_of_a_shared_state() -> None:
         q = random_queries([last[0], last[1], last[2], 2], [0, 1, 2, 1], seed=1)  # cells of each
         w = attn.attention(st, q, incomplete="skip")
         j = joined(w, reference(st, q, 1 / np.sqrt(32)))
-        np.testing.assert_allclose(j["weight"], j["ref"], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(j["weight"], j["ref"], rtol=1e-5, atol=1e-12)  # f32 logits
         assert w["seq_id"].unique().sort().to_list() == sorted({0, 1, 2} & set(w["seq_id"].to_list()))
 
 
@@ -159,7 +159,7 @@ def test_scale_and_sinks_given() -> None:
         sinks = {0: [0.5, -1.0, 2.0, 0.0], 1: [1.0, 1.0, 1.0, 1.0]}
         w = attn.attention(st, q, scale=0.05, sinks=sinks)
         j = joined(w, reference(st, q, 0.05, sinks))
-        np.testing.assert_allclose(j["weight"], j["ref"], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(j["weight"], j["ref"], rtol=1e-5, atol=1e-12)  # f32 logits
         total = w.group_by("layer", "head").agg(pl.col("weight").sum())["weight"]
         assert (total < 1).all()  # the sink takes its share
 

@@ -85,11 +85,15 @@ def describe(dump: OpenState) -> dict[str, Any]:
         "v_less": _v_less(dump),
         "recurrent": recurrent,
         "layer_map": layer_map(dump),
+        "parts": [None if p is None else p.describe() for p in dump.parts],
     }
 
 
 def print_info(d: dict[str, Any]) -> None:
     """The memory lines of ``kvfast info``."""
+    if any(x is not None for x in d.get("parts", [])):
+        for i, x in enumerate(d["parts"]):
+            print(f"  part       cache {i}: {'not known without --model' if x is None else x}")
     p = d["partial"]
     if p is not None:
         layers = f"model layers {p['model_layers']}" if p["model_layers"] else "no layer"

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from kvfast import _kvfast
     from kvfast.model.rotation import Rotation
+    from kvfast.read.parts import MemoryPart
     from kvfast.read.structure import Cache, Partial, Recurrent
 
 
@@ -49,6 +50,8 @@ class OpenState(Protocol):
     def meta_bytes(self) -> int: ...
     @property
     def caches(self) -> list[Cache]: ...
+    @property
+    def parts(self) -> list[MemoryPart | None]: ...
     @property
     def recurrent(self) -> Recurrent | None: ...
     @property

@@ -21,6 +21,7 @@ from kvfast.probe import manifest as probe_manifest
 from kvfast.read import remote, select
 from kvfast.read import tokens as token_text
 from kvfast.read.address import Where, file_offset, locate, record_ref, tensor_offset
+from kvfast.read.parts import MemoryPart, parts_of, short
 from kvfast.read.schema import INDEX
 from kvfast.read.structure import Cache, Partial, Recurrent, build_caches, build_recurrent, i32
 
@@ -99,6 +100,7 @@ class State:
         partial = info["partial"]
         self._partial = None if partial is None else Partial(partial[0], list(partial[1]))
         self._rotation = [Rotation(**r) for r in info["rotation"]]
+        self._parts = parts_of(info["parts"])
         # said once, when values are first read (opening, info and layout read none)
         #: what is undecided and the advice, and this state's evidence (None: all is certain)
         self._rotation_warning: tuple[str, str] | None = info["rotation_warning"]
@@ -109,6 +111,15 @@ class State:
             if own is not None and own.tolist() != found.tokens:
                 probe_manifest.stray(self.path, "its row records other tokens than the file holds")
                 self.pieces = None
+
+    @property
+    def parts(self) -> list[MemoryPart | None]:
+        """Per cache (the recurrent part last), what part of its model's memory it is: its role
+        (``attention``, ``sliding-window``, ``indexer``, ``recurrent``), model layers, head sizes
+        and K basis (see :class:`kvfast.read.parts.MemoryPart`); None per cache without ``model=``
+        where the bytes alone do not tell."""
+        self._live()
+        return self._parts
 
     @property
     def recurrent(self) -> Recurrent | None:
@@ -173,9 +184,11 @@ class State:
         if getattr(self, "_state", None) is None:
             return f"<kvfast.State {self.path!r} (closed)>"
         rec = "" if self._recurrent is None else f" recurrent={len(self._recurrent.layers)}"
+        memory = short(self._parts) if len(self._parts) > 1 else ""
+        parts = f" parts={memory}" if memory else ""
         return (
             f"<kvfast.State {self.path!r} {self.container} v{self.version} arch={self.arch} "
-            f"caches={len(self._caches)}{rec} size={self.size}>"
+            f"caches={len(self._caches)}{rec}{parts} size={self.size}>"
         )
 
     def _repr_html_(self) -> str:

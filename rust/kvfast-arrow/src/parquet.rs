@@ -131,6 +131,7 @@ pub fn write_part<E: From<Error>>(
             dtype: part.dtype,
             model_layers: sh.model_layers.clone(),
             with_values: true,
+            ragged: false,
         };
         // a row group per record, or per `row_group_bytes` of its values, decoded a group at a
         // time: what a worker holds is bounded by a row group, not a record

@@ -4,13 +4,15 @@
 
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, FixedSizeListArray, Float16Array, Float32Array, RecordBatch};
-use arrow_buffer::{Buffer, MutableBuffer, ScalarBuffer};
+use arrow_array::{
+    ArrayRef, FixedSizeListArray, Float16Array, Float32Array, ListArray, RecordBatch,
+};
+use arrow_buffer::{Buffer, MutableBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
 use kvfast_core::model::layer_map::{model_layer, LayerMap};
 use kvfast_core::plan::columns::{empty_value_index, value_index};
 use kvfast_core::plan::select::{cell_seq_pairs, jobs, Job, Selection};
-use kvfast_core::plan::table_plan::{plan, Dtype, Out};
+use kvfast_core::plan::table_plan::{plan, plan_ragged, Dtype, Out};
 use kvfast_core::State;
 
 use crate::columns::arrays;
@@ -25,12 +27,20 @@ pub struct TableRequest {
     pub model_layers: LayerMap,
     /// Build the values column (else only the index columns).
     pub with_values: bool,
+    /// Records of different head sizes may share the table: its values column is then a list of
+    /// each row's own head size (else they are refused, as a fixed-size column cannot hold them).
+    pub ragged: bool,
 }
 
 /// Index of the values column.
 pub const VALUES: usize = 9;
 
 pub fn schema(out: Out, head_dim: usize) -> SchemaRef {
+    schema_of(out, head_dim, false)
+}
+
+/// [`schema`], its values a variable-length list where `ragged` (records of different head sizes).
+pub fn schema_of(out: Out, head_dim: usize, ragged: bool) -> SchemaRef {
     let item = Arc::new(Field::new(
         "item",
         if out == Out::F16 {
@@ -41,11 +51,12 @@ pub fn schema(out: Out, head_dim: usize) -> SchemaRef {
         false,
     ));
     let (mut fields, _) = arrays(empty_value_index());
-    fields.push(Field::new(
-        "values",
-        DataType::FixedSizeList(item, head_dim as i32),
-        false,
-    ));
+    let values = if ragged {
+        DataType::List(item)
+    } else {
+        DataType::FixedSizeList(item, head_dim as i32)
+    };
+    fields.push(Field::new("values", values, false));
     Arc::new(Schema::new(fields))
 }
 
@@ -75,9 +86,15 @@ pub fn each_batch<E: From<Error>>(
     mut f: impl FnMut(RecordBatch) -> std::result::Result<(), E>,
 ) -> std::result::Result<SchemaRef, E> {
     let jobs = jobs(&sf.layout, &req.sel).map_err(Error::from)?;
-    let p = plan(&jobs, req.dtype).map_err(Error::from)?;
-    let full = schema(p.out, p.head_dim);
-    let DataType::FixedSizeList(item, _) = full.field(VALUES).data_type().clone() else {
+    let p = if req.ragged {
+        plan_ragged(&jobs, req.dtype)
+    } else {
+        plan(&jobs, req.dtype).map_err(Error::from)?
+    };
+    let full = schema_of(p.out, p.head_dim, p.ragged);
+    let (DataType::FixedSizeList(item, _) | DataType::List(item)) =
+        full.field(VALUES).data_type().clone()
+    else {
         unreachable!()
     };
     let schema = if req.with_values {
@@ -129,7 +146,7 @@ pub fn each_batch<E: From<Error>>(
                 (&pairs[lo..hi], span.start),
                 req.sel.heads.as_deref(),
                 model_layer,
-                (&item, p.head_dim),
+                (&item, job.head_dim, p.ragged),
             )?)?;
             at = span.end;
             if at >= cells {
@@ -147,7 +164,7 @@ fn batch(
     (pairs, first): (&[(usize, Option<i32>)], usize),
     heads: Option<&[u32]>,
     model_layer: Option<i32>,
-    (item, hd): (&FieldRef, usize),
+    (item, hd, ragged): (&FieldRef, usize, bool),
 ) -> Result<RecordBatch> {
     // rows of 0 values (LFM2's S) have no head, so no row in the table
     let n_heads = (job.rec.n_embd as usize).checked_div(hd).unwrap_or(0);
@@ -155,7 +172,7 @@ fn batch(
     let heads = heads.unwrap_or(&all_heads);
     let (_, mut columns) = arrays(value_index(job, pairs, heads, model_layer));
     if let Some(rows) = rows {
-        columns.push(values(item, rows, (pairs, first), heads, hd)?);
+        columns.push(values(item, rows, (pairs, first), heads, (hd, ragged))?);
     }
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
@@ -168,7 +185,7 @@ fn values(
     rows: Rows,
     (pairs, first): (&[(usize, Option<i32>)], usize),
     heads: &[u32],
-    hd: usize,
+    (hd, ragged): (usize, bool),
 ) -> Result<ArrayRef> {
     let n_heads = rows.n_embd.checked_div(hd).unwrap_or(0);
     let n = pairs.len() * heads.len();
@@ -197,6 +214,15 @@ fn values(
             None,
         )),
     };
+    if ragged {
+        let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(hd, n));
+        return Ok(Arc::new(ListArray::try_new(
+            item.clone(),
+            offsets,
+            values,
+            None,
+        )?));
+    }
     let list = FixedSizeListArray::try_new(item.clone(), hd as i32, values, None)?;
     Ok(Arc::new(list))
 }
@@ -219,6 +245,7 @@ mod tests {
             dtype,
             model_layers: vec![Some(vec![0, 1])],
             with_values,
+            ragged: false,
         }
     }
 

@@ -79,6 +79,7 @@ fn request(sf: &State, dtype: Dtype, with_values: bool) -> TableRequest {
         dtype,
         model_layers: layer_map(&sf.layout, None).unwrap(),
         with_values,
+        ragged: false,
     }
 }
 

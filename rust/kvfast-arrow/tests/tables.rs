@@ -36,6 +36,7 @@ fn request(sf: &State, hd: u64, dtype: Dtype) -> TableRequest {
         dtype,
         model_layers: layer_map(&sf.layout, None).unwrap(),
         with_values: true,
+        ragged: false,
     }
 }
 

@@ -9,7 +9,8 @@
 use crate::format::layout::{Kind, Layout};
 use crate::format::types::GgmlType;
 use crate::model::geometry::{Geometry, ModelError};
-use crate::model::layer_map::{fit as fit_layers, LayerMap, MapError, Partial};
+use crate::model::layer_map::{fit as fit_layers, Fit, LayerMap, MapError, Partial};
+use crate::model::memory::{Basis, Part, Role};
 use crate::plan::select::Selection;
 use crate::source::state::State;
 use crate::values::rope::{Rope, RopeSpec};
@@ -111,6 +112,9 @@ pub struct Opened {
     pub head_dims: [Option<u64>; 2],
     /// Per cache (the recurrent part last), the model layer of each cache layer.
     pub model_layers: LayerMap,
+    /// Per cache (the recurrent part last), what part of the model's memory it is: its role, model
+    /// layers, head sizes and K basis (None: not known without the model).
+    pub parts: Vec<Option<Part>>,
     /// What of the model's memory the state lacks: Some for a state written with
     /// `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY` (a hybrid's recurrent part, an iSWA model's
     /// sliding-window cache); None for the whole memory, or without the model (the bytes do not
@@ -146,11 +150,20 @@ impl Opened {
             same_model(layout, m)?;
         }
         let fitted = fit_layers(layout, opts.model.map(Geometry::layers).as_ref())?;
+        let parts = parts(&fitted, opts.model, head_dims);
+        let cache_dims: Vec<[Option<u64>; 2]> = parts
+            .iter()
+            .map(|p| p.as_ref().map_or(head_dims, |p| p.head_dims))
+            .collect();
+        let bases: Vec<Basis> = parts
+            .iter()
+            .map(|p| p.as_ref().map_or(Basis::Rule, |p| p.k_basis))
+            .collect();
         let (model_layers, partial) = (fitted.map, fitted.partial);
         if let Some(m) = opts.model {
-            fit(layout, m, &model_layers, opts.head_dim)?;
+            fit(layout, m, &parts, opts.head_dim)?;
         }
-        check_rows(layout, head_dims)?;
+        check_rows(layout, &cache_dims)?;
         for (offset, len) in Self::reads(layout, &opts) {
             state.require(offset, len, || {
                 "rows sampled for the rotation decision".into()
@@ -160,7 +173,7 @@ impl Opened {
         let rotation = if layout.rows_on_device {
             vec![]
         } else {
-            decide(&state, head_dims, opts.rotation, opts.hint)?
+            decide(&state, &cache_dims, &bases, opts.rotation, opts.hint)?
         };
         let mut groups = vec![[0usize; 2]; layout.caches.len()];
         for d in &rotation {
@@ -175,6 +188,7 @@ impl Opened {
             state,
             head_dims,
             model_layers,
+            parts,
             partial,
             rotation,
             rope,
@@ -189,14 +203,17 @@ impl Opened {
 
     /// The group llama.cpp stores `kind` rows of type `ty` of cache `cache` in (0: as computed),
     /// by its rule in this state's head sizes (None: that depends on a head size not known).
+    /// A part of the memory that stores its K in one basis at every type (a DSA indexer cache:
+    /// rotated; its MLA cache: as computed) is stored so whatever the type.
     pub fn rule_group(&self, cache: usize, kind: Kind, ty: GgmlType) -> Option<usize> {
-        rule_group(
-            &self.state.layout,
-            cache,
-            kind,
-            ty,
-            self.head_dims[kind.index()],
-        )
+        let part = self.parts.get(cache).and_then(Option::as_ref);
+        match (kind, part.map(|p| p.k_basis)) {
+            (Kind::K, Some(Basis::Rotated(g))) => return Some(g),
+            (Kind::K, Some(Basis::AsComputed)) => return Some(0),
+            _ => {}
+        }
+        let head_dim = part.map_or(self.head_dims[kind.index()], |p| p.head_dims[kind.index()]);
+        rule_group(&self.state.layout, cache, kind, ty, head_dim)
     }
 
     /// The selection of a pass over these caches, layers, kinds and heads (None: all), in the
@@ -215,6 +232,11 @@ impl Opened {
             heads,
             head_dim_k: self.head_dims[0],
             head_dim_v: self.head_dims[1],
+            cache_head_dims: self
+                .parts
+                .iter()
+                .map(|p| p.as_ref().map_or([None; 2], |p| p.head_dims))
+                .collect(),
             rotation: self.groups.clone(),
             rope: self.rope.clone(),
         }
@@ -224,6 +246,44 @@ impl Opened {
     pub fn everything(&self) -> Selection {
         self.selection(None, None, Kind::BOTH.to_vec(), None)
     }
+}
+
+/// Per cache, the part of the model's memory it is (see [`crate::model::memory`]): its role and
+/// model layers from the fit, its head sizes and K basis from the model (without the model: the
+/// head size given, or one head per row).
+fn parts(fitted: &Fit, model: Option<&Geometry>, head_dims: [Option<u64>; 2]) -> Vec<Option<Part>> {
+    fitted
+        .roles
+        .iter()
+        .zip(&fitted.map)
+        .map(|(role, layers)| {
+            let (role, layers) = ((*role)?, layers.clone()?);
+            let some = |h: u64| (h > 0).then_some(h);
+            let (dims, k_basis) = match (model, role) {
+                (_, Role::Recurrent) => ([None; 2], Basis::Rule),
+                (Some(m), Role::Indexer) => match &m.indexer {
+                    Some(i) => ([some(i.head_dim_k), i.head_dim_v], i.k_basis),
+                    None => (head_dims, Basis::Rule),
+                },
+                (Some(m), Role::SlidingWindow) => (
+                    m.head_dims_swa
+                        .map_or(head_dims, |[k, v]| [some(k), some(v)]),
+                    Basis::Rule,
+                ),
+                // a DSA memory's MLA cache is written by its K-only attention, which never rotates
+                (Some(m), Role::Attention) if m.indexer.is_some() && m.v_less == Some(true) => {
+                    (head_dims, Basis::AsComputed)
+                }
+                _ => (head_dims, Basis::Rule),
+            };
+            Some(Part {
+                role,
+                model_layers: layers,
+                head_dims: dims,
+                k_basis,
+            })
+        })
+        .collect()
 }
 
 /// The model's head sizes and KV heads against every attention layer's rows.
@@ -265,7 +325,7 @@ fn same_model(layout: &Layout, m: &Geometry) -> Result<(), OpenError> {
 fn fit(
     layout: &Layout,
     m: &Geometry,
-    map: &LayerMap,
+    parts: &[Option<Part>],
     head_dim: Option<u64>,
 ) -> Result<(), OpenError> {
     if let Some(hd) = head_dim {
@@ -283,15 +343,21 @@ fn fit(
         if cache.memory.is_recurrent() {
             continue;
         }
-        let Some(Some(layers)) = map.get(ci) else {
+        let Some(Some(part)) = parts.get(ci) else {
             continue;
         };
+        let layers = &part.model_layers;
         for s in &cache.streams {
             for (li, l) in s.layers.iter().enumerate() {
                 let Some(&ml) = layers.get(li) else { continue };
-                let n = m.n_head_kv.get(ml as usize).copied().unwrap_or(0);
-                for (kind, dim) in [(Kind::K, m.head_dim_k), (Kind::V, m.head_dim_v)] {
+                // an indexer cache has one head; the others the model's KV heads of the layer
+                let n = match part.role {
+                    Role::Indexer => 1,
+                    _ => m.n_head_kv.get(ml as usize).copied().unwrap_or(0),
+                };
+                for kind in Kind::BOTH {
                     let Some(r) = l.record(kind) else { continue };
+                    let dim = part.head_dims[kind.index()].unwrap_or(0);
                     if r.n_embd != n * dim {
                         let message = format!(
                             "model layer {ml}: the model has {n} KV heads x {dim} = {} values per {} \
@@ -312,12 +378,13 @@ fn fit(
     Ok(())
 }
 
-/// Every K row splits into whole heads of the K head size, every V row of the V one.
-fn check_rows(layout: &Layout, head_dims: [Option<u64>; 2]) -> Result<(), OpenError> {
+/// Every K row splits into whole heads of its cache's K head size, every V row of the V one.
+fn check_rows(layout: &Layout, cache_dims: &[[Option<u64>; 2]]) -> Result<(), OpenError> {
     for (ci, c) in layout.caches.iter().enumerate() {
         if c.memory.is_recurrent() {
             continue;
         }
+        let head_dims = cache_dims.get(ci).copied().unwrap_or([None; 2]);
         for s in &c.streams {
             for (li, l) in s.layers.iter().enumerate() {
                 for kind in Kind::BOTH {

@@ -10,6 +10,7 @@ mod model;
 mod model_read;
 mod open;
 mod parquet_write;
+mod parts;
 mod remote;
 mod rope_args;
 mod rotation;

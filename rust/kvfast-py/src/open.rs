@@ -55,6 +55,9 @@ impl From<GeometryArg> for Geometry {
             attention: g.attention,
             v_less: g.v_less,
             n_layer_trunk: g.n_layer_trunk,
+            // what a ModelGeometry does not hold: its GGUF (model=PATH) gives them
+            head_dims_swa: None,
+            indexer: None,
         }
     }
 }
@@ -171,6 +174,7 @@ pub fn open<'py>(
         .map(|p| (p.absent, p.model_layers.clone()));
     d.set_item("partial", partial)?;
     d.set_item("head_dims", (op.head_dims[0], op.head_dims[1]))?;
+    d.set_item("parts", crate::parts::parts_list(py, &op)?)?;
     let decisions = PyList::empty(py);
     for r in &op.rotation {
         let e = PyDict::new(py);

@@ -412,6 +412,8 @@ impl PyState {
             dtype: parse_dtype(dtype)?,
             model_layers: sf.model_layers.clone(),
             with_values,
+            // a memory's parts of different head sizes share one table (a list column)
+            ragged: true,
         };
         let seq_default = sf.layout.own_seq();
         if req.with_values {

@@ -12,8 +12,10 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::attention::kernel::{block_logits, softmax, Keys, Seen};
-use crate::attention::pass::{positions, seen, Ctx, Request, Task, BLOCK};
+use crate::attention::keys::Keys;
+use crate::attention::pass::{Request, Task};
+use crate::attention::seen::{self, positions, Cells};
+use crate::attention::tile::{rows_per_tile, tile, Group, Run, Scratch};
 use crate::attention::AttnError;
 
 /// What a dense array holds, known before it is computed.
@@ -49,9 +51,7 @@ pub struct Prepared<'a> {
     task: Task<'a>,
     keys: Keys<'a>,
     held: HashMap<i32, Vec<i32>>,
-    /// Per stream, its first column in a row of every stream's cells (and the total).
-    starts: Vec<usize>,
-    /// The columns kept, as indices into that row.
+    /// The columns kept, as indices into a row of every stream's cells (stream then cell order).
     cols: Range<usize>,
     pub shape: Shape,
 }
@@ -119,14 +119,13 @@ pub fn prepare<'a>(
         held: positions(req.opened),
         task,
         keys,
-        starts,
         cols: a..b,
         shape,
     })
 }
 
-/// Compute a prepared layer into `out` (`shape.len()` values, `[head, query, column]`), chunks of
-/// `req.chunk` queries in parallel.
+/// Compute a prepared layer into `out` (`shape.len()` values, `[head, query, column]`): a KV head
+/// at a time, tiles of at most `req.chunk` queries in parallel through the kernel.
 pub fn fill(req: &Request, p: &Prepared, out: &mut [f32]) -> Result<(), AttnError> {
     let (nh, nq, nc) = (p.shape.heads.len(), p.shape.queries, p.shape.cell.len());
     if out.len() != nh * nq * nc {
@@ -139,92 +138,60 @@ pub fn fill(req: &Request, p: &Prepared, out: &mut [f32]) -> Result<(), AttnErro
     if out.is_empty() {
         return Ok(());
     }
-    let ctx = Ctx {
-        req,
-        t: &p.task,
-        keys: &p.keys,
-        held: &p.held,
-        starts: &p.starts,
-    };
-    // per chunk of queries, its rows of every head: disjoint slices of `out`
-    let mut per_head: Vec<_> = out
-        .chunks_mut(nq * nc)
-        .map(|h| h.chunks_mut(req.chunk * nc))
-        .collect();
-    let mut jobs = vec![];
-    for a in (0..nq).step_by(req.chunk) {
-        let slabs: Vec<&mut [f32]> = per_head.iter_mut().filter_map(|it| it.next()).collect();
-        jobs.push((a..(a + req.chunk).min(nq), slabs));
-    }
-    jobs.into_par_iter()
-        .try_for_each(|(qs, mut slabs)| chunk(&ctx, p, qs, &mut slabs))
-}
-
-/// One chunk of queries: blocks of [`BLOCK`] queries share their K rows, as in the pass.
-fn chunk(
-    x: &Ctx,
-    p: &Prepared,
-    qs: Range<usize>,
-    slabs: &mut [&mut [f32]],
-) -> Result<(), AttnError> {
-    let q = &x.req.queries;
     let t = &p.task;
-    let d = t.attn.head_dim;
-    let nc = p.shape.cell.len();
-    let first = qs.start;
-    let all: Vec<usize> = qs.collect();
-    let (mut lg, mut w) = (vec![], vec![]);
-    for block in all.chunks(BLOCK) {
-        let mut lists: Vec<(usize, Vec<Seen>)> = vec![];
-        for &r in block {
-            let mut cells = vec![];
-            if seen(x, r, &mut cells)? {
-                lists.push((r, cells));
-            }
-        }
-        let mut union: Vec<Seen> = lists.iter().flat_map(|(_, l)| l.iter().copied()).collect();
-        union.sort_unstable();
-        union.dedup();
-        // where each query's cells lie in the union: both sorted, so one walk along the union
-        let at: Vec<Vec<usize>> = lists
-            .iter()
-            .map(|(_, l)| {
-                let mut u = 0;
-                l.iter()
-                    .map(|sc| {
-                        while union[u] != *sc {
-                            u += 1;
-                        }
-                        u
-                    })
-                    .collect()
-            })
-            .collect();
-        let nu = union.len();
-        for (hi, &h) in t.heads.iter().enumerate() {
-            let qv: Vec<&[f32]> = lists
-                .iter()
-                .map(|(r, _)| {
-                    let o = r * q.row_len + t.block.offset + h * d;
-                    &q.values[o..o + d]
-                })
+    let cells = Cells::new(req, &p.keys.streams);
+    let total = cells.cols.len();
+    crate::parallel::install(|| {
+        let runs = seen::all(req, t, &cells, &p.held)?;
+        // per head (of the array's first axis), its rows
+        let mut per_head: Vec<Option<&mut [f32]>> = out.chunks_mut(nq * nc).map(Some).collect();
+        let mut kv = vec![];
+        for g in 0..t.attn.n_head_kv {
+            let his: Vec<usize> = (0..nh)
+                .filter(|hi| t.attn.kv_head(t.heads[*hi]) == g)
                 .collect();
-            block_logits(t.attn, x.keys, h, &qv, &union, &mut lg);
-            for (i, (r, cells)) in lists.iter().enumerate() {
-                w.clear();
-                w.extend(at[i].iter().map(|u| lg[i * nu + u]));
-                softmax(&mut w, t.attn.sinks.as_ref().map(|s| s[h]));
-                let row = &mut slabs[hi][(r - first) * nc..(r - first + 1) * nc];
-                for (&(s, c), v) in cells.iter().zip(&w) {
-                    let at = p.starts[s as usize] + c as usize;
-                    if p.cols.contains(&at) {
-                        row[at - p.cols.start] = *v as f32;
-                    }
-                }
+            if his.is_empty() {
+                continue;
             }
+            let heads: Vec<usize> = his.iter().map(|hi| t.heads[*hi]).collect();
+            p.keys.head(g, t.attn.head_dim, &mut kv);
+            let group = Group {
+                attn: t.attn,
+                heads: &heads,
+                keys: &kv,
+                offset: t.block.offset,
+            };
+            let per = rows_per_tile(heads.len(), total, req.chunk);
+            // per tile of queries, its rows of every head of the group: disjoint slices of `out`
+            let mut slabs: Vec<_> = his
+                .iter()
+                .filter_map(|hi| per_head[*hi].take())
+                .map(|h| h.chunks_mut(per * nc))
+                .collect();
+            let mut jobs = vec![];
+            for a in (0..nq).step_by(per) {
+                let s: Vec<&mut [f32]> = slabs.iter_mut().filter_map(|it| it.next()).collect();
+                jobs.push((a..(a + per).min(nq), s));
+            }
+            jobs.into_par_iter()
+                .for_each_init(Scratch::default, |s, (qs, mut slabs)| {
+                    let rows: Vec<usize> = qs.clone().collect();
+                    let rr: Vec<&[Run]> = rows.iter().map(|r| runs[*r].as_slice()).collect();
+                    tile(&group, &req.queries, &rows, &rr, s, |hh, i, row| {
+                        let o = &mut slabs[hh][i * nc..(i + 1) * nc];
+                        row.pieces(|c, e, f| {
+                            // the piece's columns inside the array's
+                            let a = c.max(p.cols.start);
+                            let b = (c + e.len()).min(p.cols.end);
+                            for at in a..b {
+                                o[at - p.cols.start] = (f64::from(e[at - c]) * f) as f32;
+                            }
+                        });
+                    });
+                });
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 #[cfg(test)]

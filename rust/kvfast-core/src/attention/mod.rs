@@ -3,15 +3,21 @@
 //! their reductions (attention mass per cell, entropy per query, the top cells of each query).
 //!
 //! [`params`] reads how the model attends (heads, scale, soft-cap, window) from its GGUF header;
-//! [`kernel`] is one query head's logits and softmax in f64; [`pass`] runs a pass over an opened
-//! state in parallel, one layer's keys at a time; [`dense`] gives one layer's weights as a dense
+//! [`seen`] says which cells each query sees; [`keys`] reads one KV head's keys; [`tile`] is the
+//! kernel (a tile of queries against the keys: f32 matrix products, the online softmax, with the
+//! vector loops of [`simd`]); [`pass`] runs a pass over an opened state in parallel and reduces
+//! the weights (with [`kernel`]'s top cells); [`dense`] gives one layer's weights as a dense
 //! `[head, query, cell]` array.
 
 pub mod dense;
 pub mod finite;
 pub mod kernel;
+pub mod keys;
 pub mod params;
 pub mod pass;
+pub mod seen;
+pub mod simd;
+pub mod tile;
 
 use crate::model::geometry::ModelError;
 use crate::plan::select::PlanError;

@@ -12,6 +12,9 @@ pub const GGSQ_MAGIC: u32 = 0x6767_7371;
 pub const GGSN_MAGIC: u32 = 0x6767_736E;
 pub const IO_MAGIC: u32 = 0xAF14_3CD8;
 const GGUF_MAGIC: u32 = 0x4655_4747;
+/// The first word of DeepSeek V4's memory (`llama_kv_cache_dsv4`: "DSV4"), where a KV cache's
+/// n_stream would be.
+pub const DSV4_MAGIC: u32 = 0x3456_5344;
 /// The longest architecture name a whole state may start with (llama.cpp's names are far shorter).
 pub const MAX_ARCH_LEN: u32 = 64;
 
@@ -485,6 +488,9 @@ fn choose(
     opts: WalkOptions,
     prior: Option<Error>,
 ) -> Result<Layout> {
+    if let Some(e) = unread_memory(buf, &candidates) {
+        return Err(e);
+    }
     let v_less = opts.v_less == Some(true);
     let mut t = attempt(buf, &candidates, opts, v_less);
     let device = device_readings(&candidates);
@@ -597,6 +603,27 @@ fn choose(
             readings: ok.into_iter().map(|o| o.0).collect(),
         }),
     }
+}
+
+/// A memory kvfast does not read yet, told by its magic where the first KV cache would start:
+/// DeepSeek V4's DSV4 container is refused as such, never read as a stream count.
+fn unread_memory(buf: Bytes, candidates: &[(Prefix, Vec<Reading>)]) -> Option<Error> {
+    candidates.iter().find_map(|(p, _)| {
+        let magic = Cursor::at(buf, p.memory).u32("memory").ok()?;
+        (magic == DSV4_MAGIC).then(|| {
+            Error::format(
+                "memory",
+                p.memory,
+                "a KV cache or recurrent part",
+                format!(
+                    "\"DSV4\", the magic of DeepSeek V4's memory (the DSV4 container: \
+                     sliding-window caches, compressed K blocks, compressor states){}, which \
+                     kvfast does not read yet",
+                    arch_note(p)
+                ),
+            )
+        })
+    })
 }
 
 fn arch_note(p: &Prefix) -> String {

@@ -29,6 +29,7 @@ use crate::format::recurrent::RecurrentHint;
 use crate::model::arch;
 use crate::model::gguf::{read_metadata, Value};
 use crate::model::layer_map::ModelLayers;
+use crate::model::memory::{self, Indexer};
 use crate::values::rope::Rope;
 
 /// What splits a state's rows into heads and its caches' layers into the model's layers.
@@ -52,6 +53,10 @@ pub struct Geometry {
     pub v_less: Option<bool>,
     /// The recurrent part's n_layer field (block_count less the NextN / MTP layers).
     pub n_layer_trunk: Option<usize>,
+    /// The [K, V] head sizes of the sliding-window layers where they are not the model's (Gemma 4).
+    pub head_dims_swa: Option<[u64; 2]>,
+    /// The sparse attention's indexer cache, written after the attention caches (DSA, MSA).
+    pub indexer: Option<Indexer>,
 }
 
 /// The RoPE of a model's layers: full-attention layers, and sliding-window ones.
@@ -502,7 +507,13 @@ impl Geometry {
             v => r.count(&name, v, 0, MAX_MODEL_VALUES)?,
         };
         let recurrent = r.recurrent(&arch, n_layer, nextn, &heads_kv)?;
-        let attention = r.attention(&arch, n_layer, nextn, recurrent.as_deref())?;
+        let mut attention = r.attention(&arch, n_layer, nextn, recurrent.as_deref())?;
+        let get = |name: &str| meta.get(&key(name)).cloned();
+        if let Some(kv) = memory::kv_layers(&arch, &get, n_layer) {
+            // shared-KV layers read an earlier layer's cache and have none of their own
+            let a = attention.get_or_insert_with(|| vec![true; n_layer]);
+            a.iter_mut().skip(kv).for_each(|x| *x = false);
+        }
         let name_k = key("attention.key_length");
         let v = meta.get(&name_k);
         let no_attention = attention.as_ref().is_some_and(|a| !a.iter().any(|x| *x));
@@ -563,6 +574,8 @@ impl Geometry {
                 swa = a.clone();
             }
         }
+        let head_dims_swa = memory::swa_head_dims(&get, head_dim_k, head_dim_v);
+        let indexer = memory::indexer(&arch, &get, n_layer, n_layer - nextn, head_dim_v);
         Ok(Geometry {
             arch,
             n_layer,
@@ -574,6 +587,8 @@ impl Geometry {
             attention,
             v_less: Some(v_less),
             n_layer_trunk: Some(n_layer - nextn),
+            head_dims_swa,
+            indexer,
         })
     }
 
@@ -585,6 +600,14 @@ impl Geometry {
             attention: self.attention.clone(),
             swa: self.swa.clone(),
             recurrent: self.recurrent.clone(),
+            indexer: self.indexer.as_ref().map(|i| {
+                i.layers
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, x)| **x)
+                    .map(|(il, _)| il as i32)
+                    .collect()
+            }),
         }
     }
 

@@ -9,6 +9,7 @@
 //! ([`Partial`]). A cache with no cell (an empty sequence) writes no layer count and fits any.
 
 use crate::format::layout::{Cache, Layout, Memory};
+use crate::model::memory::Role;
 
 /// What a model's metadata says about its layers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,7 +24,13 @@ pub struct ModelLayers {
     pub swa: Vec<bool>,
     /// Per layer, whether the recurrent part holds its R and S records (None: not known).
     pub recurrent: Option<Vec<bool>>,
+    /// The layers of the sparse attention's indexer cache, written after the attention caches
+    /// whatever the flags (DSA, MSA); None: the memory has none.
+    pub indexer: Option<Vec<i32>>,
 }
+
+/// A cache's role and the model layer of each of its layers.
+pub type RolePart = (Role, Vec<i32>);
 
 /// Per cache (the recurrent part last), the model layer of each cache layer; None where neither
 /// the model nor the bytes tell.
@@ -33,8 +40,9 @@ pub type LayerMap = Vec<Option<Vec<i32>>>;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MapError {
     #[error(
-        "the model ({arch}) has {attention} attention layers ({window} sliding-window) of {n_layer}, \
-         the state's caches have {caches:?} layers"
+        "the model ({arch}) has {attention} attention layers ({window} sliding-window{}) of {n_layer}, \
+         the state's caches have {caches:?} layers",
+        indexer.map(|n| format!(", an indexer cache of {n}")).unwrap_or_default()
     )]
     Attention {
         arch: String,
@@ -42,6 +50,8 @@ pub enum MapError {
         window: usize,
         n_layer: usize,
         caches: Vec<usize>,
+        /// Layers of the indexer cache the model's memory writes after them.
+        indexer: Option<usize>,
     },
     #[error("the model ({arch}) has {model} recurrent layers, the state's recurrent part {state}")]
     Recurrent {
@@ -105,38 +115,67 @@ impl ModelLayers {
         hybrid: bool,
         legacy: bool,
     ) -> Result<(Vec<Vec<i32>>, Option<Partial>), MapError> {
+        let (parts, p) = self.attention_parts(held, hybrid, legacy)?;
+        Ok((parts.into_iter().map(|(_, l)| l).collect(), p))
+    }
+
+    /// [`ModelLayers::attention_fit`] with each cache's role: the full-attention cache (or the
+    /// one cache of a model with no window), the sliding-window cache, then the indexer cache of a
+    /// sparse attention (DSA, MSA: written whatever the flags, after the others).
+    pub fn attention_parts(
+        &self,
+        held: &[Option<usize>],
+        hybrid: bool,
+        legacy: bool,
+    ) -> Result<(Vec<RolePart>, Option<Partial>), MapError> {
         let layers = self.attention_layers();
         let (window, full): (Vec<i32>, Vec<i32>) =
             layers.iter().copied().partition(|&il| self.is_swa(il));
-        let fits = |want: &[&Vec<i32>]| {
+        fn push<'b>(
+            mut want: Vec<(Role, &'b Vec<i32>)>,
+            i: Option<&'b Vec<i32>>,
+        ) -> Vec<(Role, &'b Vec<i32>)> {
+            if let Some(i) = i {
+                want.push((Role::Indexer, i));
+            }
+            want
+        }
+        let idx = self.indexer.as_ref();
+        let with_indexer = |want| push(want, idx);
+        let fits = |want: &[(Role, &Vec<i32>)]| {
             held.len() == want.len()
                 && held
                     .iter()
                     .zip(want)
-                    .all(|(n, w)| n.is_none_or(|n| n == w.len()))
+                    .all(|(n, w)| n.is_none_or(|n| n == w.1.len()))
         };
-        let whole = |m: &[&Vec<i32>]| (m.iter().map(|v| (*v).clone()).collect(), None);
-        let partial = |m: &[&Vec<i32>], absent: &'static str, gone: &Vec<i32>| {
-            let p = Partial {
-                absent,
-                model_layers: gone.clone(),
-            };
-            (m.iter().map(|v| (*v).clone()).collect(), Some(p))
-        };
-        type Reading<'a> = (Vec<&'a Vec<i32>>, Option<(&'static str, &'a Vec<i32>)>);
+        let owned = |m: &[(Role, &Vec<i32>)]| m.iter().map(|(r, v)| (*r, (*v).clone())).collect();
+        type Reading<'a> = (
+            Vec<(Role, &'a Vec<i32>)>,
+            Option<(&'static str, &'a Vec<i32>)>,
+        );
         let mut readings: Vec<Reading> = Vec::new();
         if window.is_empty() {
-            readings.push((vec![&layers], None));
+            readings.push((with_indexer(vec![(Role::Attention, &layers)]), None));
             if hybrid && !layers.is_empty() {
-                readings.push((vec![], Some(("attention cache", &layers))));
+                readings.push((with_indexer(vec![]), Some(("attention cache", &layers))));
             }
         } else {
-            let one = (vec![&layers], None);
+            let one = (with_indexer(vec![(Role::Attention, &layers)]), None);
             if legacy {
                 readings.push(one.clone());
             }
-            readings.push((vec![&full, &window], None));
-            readings.push((vec![&window], Some(("full-attention cache", &full))));
+            readings.push((
+                with_indexer(vec![
+                    (Role::Attention, &full),
+                    (Role::SlidingWindow, &window),
+                ]),
+                None,
+            ));
+            readings.push((
+                with_indexer(vec![(Role::SlidingWindow, &window)]),
+                Some(("full-attention cache", &full)),
+            ));
             if !legacy {
                 readings.push(one);
             }
@@ -146,10 +185,11 @@ impl ModelLayers {
         }
         for (want, gone) in &readings {
             if fits(want) {
-                return Ok(match gone {
-                    None => whole(want),
-                    Some((absent, g)) => partial(want, absent, g),
+                let p = gone.map(|(absent, g)| Partial {
+                    absent,
+                    model_layers: g.clone(),
                 });
+                return Ok((owned(want), p));
             }
         }
         Err(MapError::Attention {
@@ -158,6 +198,7 @@ impl ModelLayers {
             window: window.len(),
             n_layer: self.n_layer,
             caches: held.iter().map(|n| n.unwrap_or(0)).collect(),
+            indexer: self.indexer.as_ref().map(Vec::len),
         })
     }
 }
@@ -178,6 +219,8 @@ pub struct Partial {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fit {
     pub map: LayerMap,
+    /// Per cache (the recurrent part last), its role (None: not known without the model).
+    pub roles: Vec<Option<Role>>,
     /// Some: a partial state (PARTIAL_ONLY); None: the whole memory, or not known (no model).
     pub partial: Option<Partial>,
 }
@@ -222,10 +265,13 @@ pub fn fit(layout: &Layout, model: Option<&ModelLayers>) -> Result<Fit, MapError
         (n_field, cache_layers(c))
     });
     let mut partial = None;
+    let mut roles: Vec<Option<Role>> = vec![None; attention.len()];
     let (att, rec): (Vec<Option<Vec<i32>>>, Option<Vec<i32>>) = match model {
         Some(m) => {
-            let (att, p) = m.attention_fit(&held, recurrent.is_some(), legacy)?;
+            let (parts, p) = m.attention_parts(&held, recurrent.is_some(), legacy)?;
             partial = p;
+            roles = parts.iter().map(|(r, _)| Some(*r)).collect();
+            let att: Vec<Vec<i32>> = parts.into_iter().map(|(_, l)| l).collect();
             let rec_layers = m.recurrent_layers();
             if let (Some((_, have)), Some(r)) = (recurrent, &rec_layers) {
                 if r.len() != have {
@@ -253,11 +299,19 @@ pub fn fit(layout: &Layout, model: Option<&ModelLayers>) -> Result<Fit, MapError
             }
         },
     };
+    if model.is_none() && attention.len() == 1 {
+        roles[0] = Some(Role::Attention);
+    }
     let mut map = att;
     if recurrent.is_some() {
         map.push(rec);
+        roles.push(Some(Role::Recurrent));
     }
-    Ok(Fit { map, partial })
+    Ok(Fit {
+        map,
+        roles,
+        partial,
+    })
 }
 
 /// The model layer of `layer` of cache `cache` in `map` (None: not known).
@@ -281,6 +335,7 @@ mod tests {
             attention: attention.map(flags),
             swa: flags(swa),
             recurrent: None,
+            indexer: None,
         }
     }
 

@@ -5,3 +5,4 @@ pub mod arch;
 pub mod geometry;
 pub mod gguf;
 pub mod layer_map;
+pub mod memory;

@@ -66,6 +66,9 @@ pub struct Selection {
     /// Values per K (V) head; None: one head spans the row.
     pub head_dim_k: Option<u64>,
     pub head_dim_v: Option<u64>,
+    /// Per cache, its own [K, V] head sizes where the memory's parts differ (an indexer cache, a
+    /// sliding-window cache of another head size); no entry, or None: `head_dim_k` / `head_dim_v`.
+    pub cache_head_dims: Vec<[Option<u64>; 2]>,
     /// Per cache, the [K, V] groups llama.cpp's rotation is undone in (0, or no entry: as stored).
     pub rotation: Vec<[usize; 2]>,
     /// Per cache and layer, the RoPE to undo in K rows (keys before RoPE; no entry: as stored).
@@ -82,6 +85,7 @@ impl Default for Selection {
             heads: None,
             head_dim_k: None,
             head_dim_v: None,
+            cache_head_dims: vec![],
             rotation: vec![],
             rope: vec![],
         }
@@ -164,9 +168,10 @@ pub fn jobs<'a>(layout: &'a Layout, sel: &Selection) -> Result<Vec<Job<'a>>, Pla
         }
         for stream in &cache.streams {
             for &kind in &sel.kinds {
+                let own = sel.cache_head_dims.get(ci as usize);
                 let given = match kind {
-                    Kind::K => sel.head_dim_k,
-                    Kind::V => sel.head_dim_v,
+                    Kind::K => own.and_then(|h| h[0]).or(sel.head_dim_k),
+                    Kind::V => own.and_then(|h| h[1]).or(sel.head_dim_v),
                     // R and S rows have no heads: one spans the row
                     Kind::R | Kind::S => None,
                 };
@@ -311,6 +316,7 @@ mod tests {
             heads: Some(vec![3]),
             head_dim_k: Some(2),
             head_dim_v: Some(2),
+            cache_head_dims: vec![],
             rotation: vec![[0, 64]],
             rope: vec![],
         };

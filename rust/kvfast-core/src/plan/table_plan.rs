@@ -78,6 +78,9 @@ pub struct TablePlan {
     pub head_dim: usize,
     /// What each record is read as: `Dtype::F32` when the column is f32 (f16 records decode too).
     pub dtype: Dtype,
+    /// Records of different head sizes: each row's list is its own head size long (`head_dim` is
+    /// then the largest).
+    pub ragged: bool,
 }
 
 impl TablePlan {
@@ -95,24 +98,35 @@ pub fn plan(jobs: &[Job], dtype: Dtype) -> Result<TablePlan, PlanError> {
     if dims.len() > 1 {
         return Err(PlanError::HeadSizes(dims));
     }
-    let head_dim = dims.into_iter().next().unwrap_or(1);
+    Ok(plan_ragged(jobs, dtype))
+}
+
+/// [`plan`] of records that may have different head sizes (a memory's parts: an MLA cache and its
+/// indexer, Gemma 4's full and sliding-window caches, K and V of different sizes): a list column
+/// whose length is each row's head size where they differ.
+pub fn plan_ragged(jobs: &[Job], dtype: Dtype) -> TablePlan {
+    let dims: BTreeSet<usize> = jobs.iter().map(|j| j.head_dim).collect();
+    let ragged = dims.len() > 1;
+    let head_dim = dims.into_iter().next_back().unwrap_or(1);
     let all_f16 = !jobs.is_empty()
         && jobs
             .iter()
             .all(|j| out_type(j.rec.ty, dtype, j.transform()) == Out::F16);
-    Ok(if all_f16 {
+    if all_f16 {
         TablePlan {
             out: Out::F16,
             head_dim,
             dtype,
+            ragged,
         }
     } else {
         TablePlan {
             out: Out::F32,
             head_dim,
             dtype: Dtype::F32,
+            ragged,
         }
-    })
+    }
 }
 
 #[cfg(test)]
@@ -167,9 +181,13 @@ mod tests {
             TablePlan {
                 out: Out::F16,
                 head_dim: 4,
-                dtype: Dtype::Stored
+                dtype: Dtype::Stored,
+                ragged: false,
             }
         );
+        // a memory's parts of different head sizes share one ragged table
+        let r = plan_ragged(&all, Dtype::Stored);
+        assert_eq!((r.ragged, r.head_dim), (true, 8));
         let p = plan(&jobs(&l, &k).unwrap(), Dtype::F32).unwrap();
         assert_eq!((p.out, p.dtype), (Out::F32, Dtype::F32));
         // one q8_0 layer makes the whole column f32, and its f16 layers decode

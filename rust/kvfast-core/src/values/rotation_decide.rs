@@ -19,6 +19,7 @@
 
 use crate::format::layout::{Kind, Layout, Record};
 use crate::format::types::GgmlType;
+use crate::model::memory::Basis;
 use crate::source::state::State;
 use crate::values::rope_pairs::{self, Advances, Reading};
 use crate::values::rotation::{era, hadamard_groups, k_group, k_only, v_group, Era, MIN_GROUP};
@@ -151,11 +152,14 @@ pub fn sample_ranges(layout: &Layout) -> Vec<(u64, u64)> {
     out
 }
 
-/// Decide for every attention cache and kind (see the module's docs). `head_dims`: the K and V
-/// head sizes shared by every layer (None: not known); `hint`: what a probe manifest recorded.
+/// Decide for every attention cache and kind (see the module's docs). `head_dims`: per cache, the
+/// K and V head sizes shared by its layers (None, or no entry: not known); `bases`: per cache, how
+/// the model's memory stores its K rows (an indexer cache's K is rotated, or not, at every type:
+/// no evidence is needed, nor taken from it); `hint`: what a probe manifest recorded.
 pub fn decide(
     state: &State,
-    head_dims: [Option<u64>; 2],
+    head_dims: &[[Option<u64>; 2]],
+    bases: &[Basis],
     mode: Mode,
     hint: Option<&BuildHint>,
 ) -> Result<Vec<Decision>, RotationError> {
@@ -166,11 +170,18 @@ pub fn decide(
     let mut out = vec![];
     for &ci in &attention {
         for kind in Kind::BOTH {
+            let basis = bases.get(ci).copied().unwrap_or(Basis::Rule);
+            if kind == Kind::K && basis != Basis::Rule {
+                if let Some(d) = by_basis(layout, ci, basis, mode) {
+                    out.push((d, Build::default()));
+                }
+                continue;
+            }
             let ctx = Ctx {
                 state,
                 cache: ci,
                 kind,
-                head_dim: head_dims[kind.index()],
+                head_dim: head_dims.get(ci).and_then(|h| h[kind.index()]),
                 mode,
                 hint,
                 k_only: k_only(layout, ci),
@@ -182,6 +193,38 @@ pub fn decide(
         }
     }
     Ok(one_build(out))
+}
+
+/// The K decision of a cache whose memory stores its K in one basis at every type.
+fn by_basis(layout: &Layout, cache: usize, basis: Basis, mode: Mode) -> Option<Decision> {
+    let (first, _, _) = *records(layout, cache, Kind::K).first()?;
+    let (undone, group, evidence) = match (basis, mode) {
+        (_, Mode::None) => (false, None, "rotation='none': values as stored".to_string()),
+        (Basis::Rotated(g), _) => (
+            g > 0,
+            (g > 0).then_some(g),
+            format!(
+                "an indexer cache: llama.cpp's graph stores the indexer's K multiplied by the \
+                 Hadamard matrix (groups of {g}) at every type"
+            ),
+        ),
+        _ => (
+            false,
+            None,
+            "llama.cpp stores this cache's K as computed at every type (a DSA memory's MLA cache, \
+             written by its K-only attention; an MSA indexer cache)"
+                .to_string(),
+        ),
+    };
+    Some(Decision {
+        cache,
+        kind: Kind::K,
+        ty: first.ty.name(),
+        undone,
+        group,
+        evidence,
+        certain: true,
+    })
 }
 
 /// One build wrote every cache of a state, and it rotates K and V alike (`LLAMA_ATTN_ROT_DISABLE`

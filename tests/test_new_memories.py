@@ -1,0 +1,174 @@
+"""The memories of llama.cpp of October 2026 (llama-cpp-python 0.3.36; tests/data/nm-*, copied from the
+shared fixtures): DSA (deepseek32: an MLA cache then the lightning indexer's cache, its K stored
+Hadamard-rotated at every type), Gemma 4 (shared-KV layers with no cache, two head sizes) and MSA
+(minimax-m3: a main cache then an indexer cache with V). Each cache is a part of its model's memory,
+with its role, model layers and head sizes from the model's GGUF; DeepSeek V4's container is refused
+in one line."""
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import polars as pl
+import pytest
+from conftest import DATA, probe
+
+import kvfast
+from kvfast.cli import main
+
+MODELS = DATA / "models"
+NEW = DATA / "memories2026"
+DSA = NEW / "nm-deepseek32-f16-2seq"
+DSA_Q8 = NEW / "nm-deepseek32-q8_0-2seq"
+GEMMA4 = NEW / "nm-gemma4-f16-2seq"
+GEMMA4_Q8 = NEW / "nm-gemma4-q8_0-2seq"
+MSA = NEW / "nm-minimaxm3-f16-2seq-nonunified"
+DSV4 = NEW / "nm-deepseek4-f16-2seq"
+FILES = ("seq-0.bin", "seq-1.bin", "seq-0.ggsq", "seq-0.partial.bin", "state.bin", "state.ggsn")
+
+
+def model_of(folder: Path) -> Path:
+    return MODELS / probe(folder)["model"]
+
+
+def roles(s: kvfast.State) -> list[tuple[str, list[int], int | None, int | None]]:
+    return [(p.role, p.model_layers, p.head_dim_k, p.head_dim_v) for p in s.parts if p is not None]
+
+
+@pytest.mark.parametrize("folder", [DSA, DSA_Q8], ids=lambda p: p.name)
+@pytest.mark.parametrize("name", FILES)
+def test_a_dsa_state_opens_with_its_model_as_an_mla_cache_and_its_indexer(folder: Path, name: str) -> None:
+    s = kvfast.open(folder / name, model=model_of(folder))
+    assert roles(s) == [("attention", [0, 1], 576, 512), ("indexer", [0, 1], 128, None)]
+    # the indexer K is undone from the Hadamard rotation llama.cpp's graph applies at every type;
+    # the MLA K (written by the K-only attention) is stored as computed, q8_0 too
+    k = {r.cache: (r.undone, r.group, r.certain) for r in s.rotation if r.kind == "k"}
+    assert k == {0: (False, None, True), 1: (True, 128, True)}
+    df = s.to_polars()
+    # one table of both head sizes: a list per row, its length the row's head size
+    assert df.schema["values"] == pl.List(pl.Float32)
+    widths = df.group_by("cache").agg(pl.col("values").list.len().unique()).sort("cache")
+    assert widths["values"].to_list() == [[576], [128]]
+    cells = sum(len(q) for q in probe(folder)["seqs"]) if name.startswith("state") else None
+    if cells is not None:
+        assert df.filter(pl.col("cache") == 1).height == 2 * cells  # two indexer layers, one head
+
+
+def _indexer_k_layer0(tokens: list[int]) -> np.ndarray:
+    """deepseek32's lightning-indexer K of model layer 0, computed from the GGUF as llama.cpp's graph
+    does (src/models/deepseek32.cpp): RMS norm, indexer.attn_k, LayerNorm, NEOX RoPE of 64 dims."""
+    r = gguf.GGUFReader(MODELS / "nm-deepseek32.gguf")
+    t = {x.name: np.asarray(x.data, dtype=np.float32) for x in r.tensors}
+    x = t["token_embd.weight"][tokens]
+    cur = x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6) * t["blk.0.attn_norm.weight"]
+    k = cur @ t["blk.0.indexer.attn_k.weight"].T
+    k = (k - k.mean(-1, keepdims=True)) / np.sqrt(k.var(-1, keepdims=True) + 1e-6)
+    k = k * t["blk.0.indexer.k_norm.weight"] + t["blk.0.indexer.k_norm.bias"]
+    pos = np.arange(len(tokens))[:, None]
+    theta = pos * 10000.0 ** (-np.arange(32) / 32.0)
+    a, b = k[:, :32].copy(), k[:, 32:64].copy()
+    k[:, :32] = a * np.cos(theta) - b * np.sin(theta)
+    k[:, 32:64] = a * np.sin(theta) + b * np.cos(theta)
+    return k
+
+
+def test_the_indexer_k_is_read_in_the_models_basis() -> None:
+    tokens = probe(DSA)["seqs"][0]
+    want = _indexer_k_layer0(tokens)
+    rel = lambda got: np.linalg.norm(got - want) / np.linalg.norm(want)
+    undone = kvfast.open(DSA / "seq-0.bin", model=model_of(DSA)).values(0, "k", cache=1)
+    assert rel(np.asarray(undone, dtype=np.float32)) < 1e-2
+    # as stored, an f16 indexer K is the model's K times the Hadamard matrix: nothing like it
+    stored = kvfast.open(DSA / "seq-0.bin", model=model_of(DSA), rotation="none").values(0, "k", cache=1)
+    assert rel(np.asarray(stored, dtype=np.float32)) > 0.5
+
+
+def test_values_as_stored_are_the_bytes() -> None:
+    s = kvfast.open(DSA / "state.bin", model=model_of(DSA), rotation="none")
+    raw = DSA.joinpath("state.bin").read_bytes()
+    for ci, c in enumerate(s.caches):
+        rec = c.streams[0].layers[1]
+        got = s.values(1, "k", cache=ci, stored=True)
+        want = np.frombuffer(raw, np.float16, count=got.size, offset=rec.k_offset).reshape(got.shape)
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.filterwarnings("ignore::kvfast.errors.RotationWarning")  # a raw whole q8_0 state: undecided
+@pytest.mark.parametrize("folder", [GEMMA4, GEMMA4_Q8], ids=lambda p: p.name)
+@pytest.mark.parametrize("name", ["seq-1.bin", "seq-0.ggsq", "state.bin", "state.ggsn"])
+def test_gemma4_caches_hold_the_layers_with_their_own_kv_in_two_head_sizes(folder: Path, name: str) -> None:
+    s = kvfast.open(folder / name, model=model_of(folder))
+    # 5 layers, layer 4 reads layer 2's cache (shared KV): 2 full-attention + 2 sliding-window layers
+    assert roles(s) == [("attention", [1, 3], 128, 128), ("sliding-window", [0, 2], 64, 64)]
+    df = s.to_polars()
+    assert isinstance(df.schema["values"], pl.List)
+    sizes = df.group_by("cache", "kind").agg(pl.col("values").list.len().unique()).sort("cache", "kind")
+    assert sizes["values"].to_list() == [[128], [128], [64], [64]]
+    assert sorted(df["model_layer"].unique().to_list()) == [0, 1, 2, 3]
+
+
+def test_gemma4_sliding_window_alone_under_partial_only() -> None:
+    s = kvfast.open(GEMMA4 / "seq-0.partial.bin", model=model_of(GEMMA4))
+    assert roles(s) == [("sliding-window", [0, 2], 64, 64)]
+    assert s.partial is not None and s.partial.model_layers == [1, 3]
+    assert s.to_polars().schema["values"] == pl.Array(pl.Float16, 64)  # one head size: fixed width
+
+
+def test_msa_indexer_cache_has_one_k_head_and_a_v_never_written() -> None:
+    s = kvfast.open(MSA / "state.bin", model=model_of(MSA))
+    assert roles(s) == [("attention", [0, 1, 2], 64, 64), ("indexer", [1, 2], 128, 64)]
+    assert [p.k_basis for p in s.parts if p is not None] == ["rule", "as computed"]
+    v = s.values(0, "v", cache=1)
+    k = s.values(0, "k", cache=1)
+    assert v.shape[1] == 64 and not np.any(v)  # MSA's graph never writes the indexer's V
+    assert k.shape[1] == 128 and np.any(k)  # non-unified: MSA ran, its K holds values
+    df = s.to_polars()
+    assert df.filter(pl.col("cache") == 1)["model_layer"].unique().sort().to_list() == [1, 2]
+
+
+def test_the_model_layers_of_a_dsa_indexer_cache_are_the_layers_with_an_indexer() -> None:
+    g = kvfast.open(DSA / "seq-1.bin", model=model_of(DSA))
+    t = g.to_polars().filter(pl.col("cache") == 1)
+    assert t["model_layer"].unique().sort().to_list() == [0, 1]
+
+
+@pytest.mark.parametrize("name", ["seq-0.bin", "state.ggsn"])
+def test_a_dsv4_state_is_refused_as_such(name: str) -> None:
+    # the bytes are refused before any model is read against them
+    for model in (None, model_of(DSA)):
+        with pytest.raises(kvfast.errors.FormatError) as e:
+            kvfast.open(DSV4 / name, model=model)
+        msg = str(e.value)
+        assert '"DSV4"' in msg and "DeepSeek V4" in msg and "n_stream" not in msg
+        assert "\n" not in msg
+    if name == "state.ggsn":
+        assert "deepseek4" in msg
+
+
+def test_print_and_info_show_each_parts_role_and_model_layers(capsys: pytest.CaptureFixture[str]) -> None:
+    s = kvfast.open(DSA / "state.bin", model=model_of(DSA))
+    assert "parts=attention[0, 1] + indexer[0, 1]" in repr(s)
+    assert main(["info", str(DSA / "state.bin"), "--model", str(model_of(DSA))]) == 0
+    out = capsys.readouterr().out
+    assert "cache 0: attention: model layers [0, 1]" in out
+    assert "cache 1: indexer: model layers [0, 1] (K head 128, no V, K stored Hadamard-rotated 128)" in out
+
+
+@pytest.mark.parametrize("folder", [DSA, DSA_Q8, GEMMA4, MSA], ids=lambda p: p.name)
+def test_write_round_trips_byte_for_byte(folder: Path, tmp_path: Path) -> None:
+    for name in ("seq-1.bin", "state.ggsn"):
+        s = kvfast.open(folder / name, model=model_of(folder))
+        kvfast.write(s, tmp_path / name)
+        assert (tmp_path / name).read_bytes() == (folder / name).read_bytes()
+
+
+def test_an_edited_indexer_k_is_stored_back_rotated(tmp_path: Path) -> None:
+    s = kvfast.open(DSA / "seq-0.bin", model=model_of(DSA))
+    k = np.asarray(s.values(0, "k", cache=1), dtype=np.float32)
+    kvfast.write(s, tmp_path / "e.bin", values={(1, 0, "k"): k})
+    again = kvfast.open(tmp_path / "e.bin", model=model_of(DSA))
+    assert np.allclose(np.asarray(again.values(0, "k", cache=1), dtype=np.float32), k, atol=2e-3)
+    # stored as llama.cpp stores it: the bytes of the unedited rows within f16 rounding
+    a = kvfast.open(DSA / "seq-0.bin", model=model_of(DSA), rotation="none").values(0, "k", cache=1)
+    b = kvfast.open(tmp_path / "e.bin", model=model_of(DSA), rotation="none").values(0, "k", cache=1)
+    assert np.allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=2e-3)
