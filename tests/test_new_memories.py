@@ -172,3 +172,59 @@ def test_an_edited_indexer_k_is_stored_back_rotated(tmp_path: Path) -> None:
     a = kvfast.open(DSA / "seq-0.bin", model=model_of(DSA), rotation="none").values(0, "k", cache=1)
     b = kvfast.open(tmp_path / "e.bin", model=model_of(DSA), rotation="none").values(0, "k", cache=1)
     assert np.allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=2e-3)
+
+
+def _header_only_gguf(path: Path, arch: str) -> Path:
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(2)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_key_length(32)
+    w.add_value_length(32)
+    w.add_embedding_length(64)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("arch", ["dots3note", "qwen4exp", "glm5-next", "deepseek4"])
+def test_a_memory_not_read_yet_is_refused_in_one_line(arch: str, tmp_path: Path) -> None:
+    # with its model: the model's arch names the memory
+    model = _header_only_gguf(tmp_path / f"{arch}.gguf", arch)
+    with pytest.raises(kvfast.ModelMismatchError, match=f"the model .{arch}. keeps .*not read yet"):
+        kvfast.open(DATA / "qwen3tiny-f16-fa/seq-0.bin", model=model)
+    # a whole state names its arch: refused before its memory is read as another
+    src = kvfast.open(DATA / "qwen3tiny-f16-fa/state.ggsn")
+    kvfast.write(src, tmp_path / "s.ggsn", arch=arch)
+    with pytest.raises(kvfast.errors.FormatError, match=f"of a {arch} state, which kvfast does not read yet"):
+        kvfast.open(tmp_path / "s.ggsn")
+
+
+def test_quant_error_simulates_each_parts_own_rotation() -> None:
+    # Gemma 4: K heads of 128 (full) and 64 (sliding window) rotate in groups of 128 and 64
+    s = kvfast.open(GEMMA4 / "state.bin", model=model_of(GEMMA4))
+    q = s.quant_error("q8_0", by="layer").select("cache", "kind", "rotation").unique().sort("cache", "kind")
+    assert q.rows() == [(0, "k", 128), (0, "v", 64), (1, "k", 64), (1, "v", 64)]
+    # DSA: the MLA K never rotates, the indexer K always does
+    d = kvfast.open(DSA / "state.bin", model=model_of(DSA))
+    q = d.quant_error("q8_0", by="layer").select("cache", "rotation").unique().sort("cache")
+    assert q.rows() == [(0, 0), (1, 128)]
+
+
+@pytest.mark.parametrize("folder", [DSA, MSA, GEMMA4], ids=lambda p: p.name)
+def test_export_keeps_each_parts_head_size_in_files_of_its_own(folder: Path, tmp_path: Path) -> None:
+    report = kvfast.export([folder / "state.bin"], tmp_path / "out", model=model_of(folder), on_error="fail")
+    assert report["status"].to_list() == ["written"]
+    files = sorted((tmp_path / "out").glob("**/*.parquet"))
+    got = pl.concat(
+        [pl.read_parquet(f).with_columns(pl.col("values").cast(pl.List(pl.Float32))) for f in files]
+    )
+    want = kvfast.open(folder / "state.bin", model=model_of(folder)).to_polars(dtype="float32")
+    key = ["cache", "layer", "kind", "cell", "seq_id", "head"]
+    assert (
+        got.select(*key, "values")
+        .sort(key)
+        .equals(want.select(*key, pl.col("values").cast(pl.List(pl.Float32))).sort(key))
+    )

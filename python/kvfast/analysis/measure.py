@@ -134,7 +134,17 @@ def quant_error(
         raise ValueError(f"by must be 'head' or 'layer', not {by!r}")
     # llama.cpp rotates attention caches only: the recurrent part (kinds r, s) is never rotated
     attention = sel["kinds"] is None or any(k in checks.KINDS for k in sel["kinds"])
-    groups = simulated_rotation(dump, type) if rotate and attention else (0, 0)
+    asked = range(len(dump.caches)) if caches is None else caches
+    # a memory's parts of their own head sizes (Gemma 4's two caches, a DSA indexer) rotate in
+    # groups of their own: each cache simulated in its own
+    if (
+        rotate
+        and attention
+        and len(asked) > 1
+        and len({simulated_rotation(dump, type, c) for c in asked}) > 1
+    ):
+        return pl.concat([quant_error(dump, type, by, layers, kinds, skip_first, rotate, [c]) for c in asked])
+    groups = simulated_rotation(dump, type, asked[0] if len(asked) else 0) if rotate and attention else (0, 0)
     state = dump._reading(sel["caches"], sel["kinds"])
     heads, per_layer = _kvfast.quant_error(state, type, sel, skip_first, groups)
     df = pl.DataFrame(heads if by == "head" else per_layer)
@@ -153,13 +163,16 @@ def quant_error(
     return df.with_columns(rotation=rotation).select(order).sort("cache", "layer", "kind")
 
 
-def simulated_rotation(dump: OpenState, type: str) -> tuple[int, int]:
-    """The (K, V) groups llama.cpp would rotate a cache of ``type`` in, for this state's model: from
-    the head sizes where known, else from the rotation found in the state itself; (0 = none)."""
+def simulated_rotation(dump: OpenState, type: str, cache: int = 0) -> tuple[int, int]:
+    """The (K, V) groups llama.cpp would rotate ``cache`` (an attention cache) in at ``type``, for
+    this state's model: from the head sizes where known, else from the rotation found in the state
+    itself; (0 = none)."""
     out = []
     for kind in ("k", "v"):
-        # llama.cpp's rule for this state's first attention cache (what loss_table simulates)
-        ruled = next((dump._live().rule_group(c.index, kind, type) for c in dump.caches[:1]), 0)
+        # llama.cpp's rule for that cache (what loss_table simulates)
+        ruled = next(
+            (dump._live().rule_group(c.index, kind, type) for c in dump.caches[cache : cache + 1]), 0
+        )
         if ruled is not None:
             out.append(ruled)
             continue

@@ -192,11 +192,16 @@ def _partitions(opts: _Options, d: State) -> list[tuple[dict[str, Any], pl.DataF
 def auto_partition(recs: pl.DataFrame) -> list[str]:
     """The default partition of a state's records: a file per layer; for a state of several
     attention caches (iSWA: each numbers its layers from 0, so ``layer-0`` would mix model layers 0
-    and 5), a file per model layer where the model's map is known, else per cache and layer."""
+    and 5), a file per model layer where the model's map is known, else per cache and layer; where a
+    model layer is in two caches (a DSA or MSA indexer cache beside the main one, of other head
+    sizes), a file per cache, layer and kind."""
     attention = recs.filter(pl.col("kind").is_in(["k", "v"]))
     if attention["cache"].n_unique() <= 1:
         return ["layer"]
-    return ["model_layer"] if attention["model_layer"].null_count() == 0 else ["cache", "layer"]
+    if attention["model_layer"].null_count() > 0:
+        return ["cache", "layer"]
+    shared = attention.group_by("model_layer").agg(pl.col("cache").n_unique()).filter(pl.col("cache") > 1)
+    return ["cache", "layer", "kind"] if shared.height else ["model_layer"]
 
 
 def _stats_frames(

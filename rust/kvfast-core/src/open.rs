@@ -148,6 +148,7 @@ impl Opened {
         };
         if let Some(m) = opts.model {
             same_model(layout, m)?;
+            read_memory(m)?;
         }
         let fitted = fit_layers(layout, opts.model.map(Geometry::layers).as_ref())?;
         let parts = parts(&fitted, opts.model, head_dims);
@@ -284,6 +285,21 @@ fn parts(fitted: &Fit, model: Option<&Geometry>, head_dims: [Option<u64>; 2]) ->
             })
         })
         .collect()
+}
+
+/// A model whose memory kvfast does not read yet (DeepSeek V4, dots3note, the hybrids with an
+/// indexer) is refused in one line naming it: checked before its state's bytes are walked with it.
+pub fn read_memory(m: &Geometry) -> Result<(), OpenError> {
+    match crate::model::memory::unread(&m.arch) {
+        None => Ok(()),
+        Some(what) => Err(OpenError::Model {
+            message: format!(
+                "the model ({}) keeps {what}, which kvfast does not read yet",
+                m.arch
+            ),
+            field: Some("general.architecture".into()),
+        }),
+    }
 }
 
 /// The model's head sizes and KV heads against every attention layer's rows.

@@ -124,6 +124,9 @@ pub fn open<'py>(
         Some(ModelSource::Given(g)) => (None, Some(g.into())),
     };
     let geometry = read.as_ref().map(|m| &m.geometry).or(given.as_ref());
+    if let Some(g) = geometry {
+        kvfast_core::open::read_memory(g)?;
+    }
     let (v_less, recurrent) = geometry.map_or((None, None), Geometry::walk_hints);
     let walk = WalkOptions {
         cell_ext,

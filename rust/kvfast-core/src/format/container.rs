@@ -609,9 +609,9 @@ fn choose(
 /// DeepSeek V4's DSV4 container is refused as such, never read as a stream count.
 fn unread_memory(buf: Bytes, candidates: &[(Prefix, Vec<Reading>)]) -> Option<Error> {
     candidates.iter().find_map(|(p, _)| {
-        let magic = Cursor::at(buf, p.memory).u32("memory").ok()?;
-        (magic == DSV4_MAGIC).then(|| {
-            Error::format(
+        let magic = Cursor::at(buf, p.memory).u32("memory").ok();
+        if magic == Some(DSV4_MAGIC) {
+            return Some(Error::format(
                 "memory",
                 p.memory,
                 "a KV cache or recurrent part",
@@ -621,6 +621,16 @@ fn unread_memory(buf: Bytes, candidates: &[(Prefix, Vec<Reading>)]) -> Option<Er
                      kvfast does not read yet",
                     arch_note(p)
                 ),
+            ));
+        }
+        // a whole state names its arch: a memory kvfast does not read yet is refused as such
+        let arch = p.arch.as_deref()?;
+        crate::model::memory::unread(arch).map(|what| {
+            Error::format(
+                "memory",
+                p.memory,
+                "a memory kvfast reads",
+                format!("{what} of a {arch} state, which kvfast does not read yet"),
             )
         })
     })
