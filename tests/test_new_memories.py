@@ -39,7 +39,7 @@ def roles(s: kvfast.State) -> list[tuple[str, list[int], int | None, int | None]
 @pytest.mark.parametrize("name", FILES)
 def test_a_dsa_state_opens_with_its_model_as_an_mla_cache_and_its_indexer(folder: Path, name: str) -> None:
     s = kvfast.open(folder / name, model=model_of(folder))
-    assert roles(s) == [("attention", [0, 1], 576, 512), ("indexer", [0, 1], 128, None)]
+    assert roles(s) == [("attention", [0, 1], 576, None), ("indexer", [0, 1], 128, None)]
     # the indexer K is undone from the Hadamard rotation llama.cpp's graph applies at every type;
     # the MLA K (written by the K-only attention) is stored as computed, q8_0 too
     k = {r.cache: (r.undone, r.group, r.certain) for r in s.rotation if r.kind == "k"}
@@ -150,7 +150,7 @@ def test_print_and_info_show_each_parts_role_and_model_layers(capsys: pytest.Cap
     assert "parts=attention[0, 1] + indexer[0, 1]" in repr(s)
     assert main(["info", str(DSA / "state.bin"), "--model", str(model_of(DSA))]) == 0
     out = capsys.readouterr().out
-    assert "cache 0: attention: model layers [0, 1]" in out
+    assert "cache 0: attention: model layers [0, 1] (K head 576, no V)" in out
     assert "cache 1: indexer: model layers [0, 1] (K head 128, no V, K stored Hadamard-rotated 128)" in out
 
 

@@ -277,6 +277,9 @@ fn parts(fitted: &Fit, model: Option<&Geometry>, head_dims: [Option<u64>; 2]) ->
                 }
                 _ => (head_dims, Basis::Rule),
             };
+            // an MLA cache holds K only
+            let mla = model.is_some_and(|m| m.v_less == Some(true)) && role != Role::Indexer;
+            let dims = if mla { [dims[0], None] } else { dims };
             Some(Part {
                 role,
                 model_layers: layers,
