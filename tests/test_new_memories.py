@@ -228,3 +228,53 @@ def test_export_keeps_each_parts_head_size_in_files_of_its_own(folder: Path, tmp
         .sort(key)
         .equals(want.select(*key, pl.col("values").cast(pl.List(pl.Float32))).sort(key))
     )
+
+
+@pytest.mark.parametrize("folder", [DSA, DSA_Q8, MSA], ids=lambda p: p.name)
+def test_containers_convert_to_llama_cpps_own_bytes(folder: Path, tmp_path: Path) -> None:
+    """Each sequence file written as the other container, and the whole state as a session file, are
+    the bytes llama.cpp wrote (both caches of the memory, in order)."""
+    model = model_of(folder)
+    seqs = probe(folder)["seqs"]
+    for n, toks in enumerate(seqs):
+        for src in (folder / f"seq-{n}.bin", folder / f"seq-{n}.ggsq"):
+            d = kvfast.open(src, model=model)
+            kvfast.write(d, tmp_path / "a", container="ggsq", tokens=toks)
+            kvfast.write(d, tmp_path / "b", container="seq", seq_id=n)
+            assert (tmp_path / "a").read_bytes() == (folder / f"seq-{n}.ggsq").read_bytes()
+            assert (tmp_path / "b").read_bytes() == (folder / f"seq-{n}.bin").read_bytes()
+    d = kvfast.open(folder / "state.bin", model=model)
+    kvfast.write(d, tmp_path / "c", container="ggsn", tokens=[t for s in seqs for t in s])
+    assert (tmp_path / "c").read_bytes() == (folder / "state.ggsn").read_bytes()
+    for n in range(len(seqs)):
+        # a per-sequence save of the whole state: llama.cpp's own seq-N.bin (no sliding window here)
+        kvfast.write(d, tmp_path / "d", container="seq", seq_id=n)
+        assert (tmp_path / "d").read_bytes() == (folder / f"seq-{n}.bin").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "model,ctk",
+    [
+        ("nm-deepseek32.gguf", "f16"),
+        ("nm-deepseek32.gguf", "q8_0"),
+        ("nm-gemma4.gguf", "f16"),
+        ("nm-minimaxm3.gguf", "f16"),
+    ],
+)
+def test_pruned_cells_are_llama_cpps_own_state_of_fewer_tokens(model: str, ctk: str, tmp_path: Path) -> None:
+    """keep= on every cache of the memory at once (the MLA cache and its indexer, Gemma 4's two
+    caches, MSA's main and indexer caches): the bytes llama.cpp itself saves after the shorter prompt."""
+    pytest.importorskip("llama_cpp")
+    from kvfast.probe.replay import Replay
+
+    toks = probe(DSA)["seqs"][0]
+    with Replay(MODELS / model, ctk=ctk) as r:
+        r.prompt(toks[:5])
+        r.save(tmp_path / "five.bin", "seq_data")
+        r.clear()
+        r.prompt(toks)
+        r.save(tmp_path / "six.bin", "seq_data")
+    kvfast.write(
+        kvfast.open(tmp_path / "six.bin", model=MODELS / model), tmp_path / "kept.bin", keep=pl.col("pos") < 5
+    )
+    assert (tmp_path / "kept.bin").read_bytes() == (tmp_path / "five.bin").read_bytes()
