@@ -278,3 +278,16 @@ def test_pruned_cells_are_llama_cpps_own_state_of_fewer_tokens(model: str, ctk: 
         kvfast.open(tmp_path / "six.bin", model=MODELS / model), tmp_path / "kept.bin", keep=pl.col("pos") < 5
     )
     assert (tmp_path / "kept.bin").read_bytes() == (tmp_path / "five.bin").read_bytes()
+
+
+def test_the_layout_picture_names_each_parts_role_and_model_layers() -> None:
+    pytest.importorskip("matplotlib")
+    from kvfast import plot
+
+    s = kvfast.open(MSA / "state.bin", model=model_of(MSA))
+    lines = plot.per_token(s)
+    assert lines[0].startswith("cache 0 (attention, model layers [0, 1, 2]): 3 layers")
+    assert lines[1].startswith("cache 1 (indexer, model layers [1, 2]): 2 layers")
+    fig = plot.layout(s)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert " cache 1 (indexer, model layers [1, 2])" in texts

@@ -51,19 +51,27 @@ def _layers(n: int) -> str:
     return "1 layer" if n == 1 else f"{n} layers"
 
 
+def _role(d: State, cache: int) -> str:
+    """`` (indexer, model layers [0, 1])``: the cache's part of its model's memory ('' unknown)."""
+    parts = d.parts
+    p = parts[cache] if cache < len(parts) else None
+    return "" if p is None else f" ({p.role}, model layers {p.model_layers})"
+
+
 def per_token(d: State) -> list[str]:
     """Bytes per token per layer, per cache, for K and V; per sequence for the recurrent part's R
     and S (one cell per sequence)."""
     lines = []
     for c in d.caches:
         if not c.layers:
-            lines.append(f"cache {c.index}: no layers")
+            lines.append(f"cache {c.index}{_role(d, c.index)}: no layers")
             continue
         ly = c.layers[0]
         k, v = ly.k_row_bytes, ly.v_row_bytes or 0
         total = sum(x.k_row_bytes + (x.v_row_bytes or 0) for x in c.layers)
         lines.append(
-            f"cache {c.index}: {_layers(len(c.layers))}; per token per layer K {k:,} B ({ly.k_type}, {ly.n_embd_k} values)"
+            f"cache {c.index}{_role(d, c.index)}: {_layers(len(c.layers))}; per token per layer K {k:,} B"
+            f" ({ly.k_type}, {ly.n_embd_k} values)"
             f" + V {v:,} B ({ly.v_type}, {ly.n_embd_v} values); per token {total:,} B"
         )
     rec = d.recurrent
@@ -114,7 +122,7 @@ def layout(d: State) -> Figure:
         if nb:
             present.add(key)
         ax.broken_barh([(off, max(nb, d.size / 4000))], (0, 1), facecolors=color, edgecolor="none")
-    starts = [(c.offset, f" cache {c.index}") for c in d.caches]
+    starts = [(c.offset, f" cache {c.index}{_role(d, c.index)}") for c in d.caches]
     if d.recurrent is not None:
         starts.append((d.recurrent.offset, f" recurrent (cache {d.recurrent.index})"))
     for off, name in starts:
