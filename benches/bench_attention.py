@@ -1,19 +1,28 @@
-"""Attention benchmark: kvfast's reductions of attention weights (mass per cell, entropy per query,
-top-k cells per query) in Rust against a NumPy computation of the same weights, in the same run.
+"""Attention benchmark: kvfast's attention mass per cell (`attn.mass`) against what a user writes in
+NumPy float32, and against the arithmetic floor of the pass, in one run, at three shapes:
 
-Writes an f16 state (`kvfast.synth`: one sequence of --cells cells, --layers layers of K rows of
-8 KV heads x 128) and a header-only qwen3 GGUF saying 16 query heads of 128 over those 8 KV heads
-(so every KV head serves two query heads, scale 1 / sqrt(128)), and random queries for the last
---queries positions. Times (best of --repeat):
-- kvfast: `attn.mass`, `attn.entropy`, `attn.top_k(k=8)`, each one pass over every layer in Rust
-  (f64 logits and softmax, chunks of queries in parallel, the GIL released, no weight kept), and
-  `attn.reductions` giving the three from one pass;
-- NumPy: per layer, the keys as float64, every head's logits by a batched matrix product (BLAS), the
-  causal mask, the softmax, then the same three reductions (float64 throughout; the whole layer's
-  weights are held, queries x heads x cells).
-Checks the two agree (mass to 1e-9), prints a table and writes bench-out/attention.json.
+- the benchmark shape: 2 layers, 256 queries over 2,048 cells;
+- 1 layer, 512 queries over 16,384 cells, and over 32,768 cells (the long contexts).
 
-    python benches/bench_attention.py [--cells 2048] [--layers 2] [--queries 256] [--repeat 3]
+Each writes an f16 state (`kvfast.synth`: one sequence, K rows of 8 KV heads x 128) and a
+header-only qwen3 GGUF saying 16 query heads of 128 over those 8 KV heads (every KV head serves two
+query heads, scale 1 / sqrt(128)), and random queries for the last --queries positions. Times (best
+of --repeat), per shape:
+
+- kvfast: `attn.mass`, one pass in Rust (f32 tiles of queries against each KV head's keys, the
+  online softmax, the GIL released, no weight kept);
+- NumPy float32, the whole pass: per layer the keys decoded to f32 (`st.values`), the logits of
+  every query head by one batched matrix product (the two query heads of a KV head stacked, so the
+  keys are not repeated), the scale, the causal mask, the softmax, the sum over queries;
+- the f32 matrix product alone: the same batched product of the same logits, keys already decoded
+  (NumPy's BLAS): the floor of the pass's arithmetic.
+
+Checks kvfast's mass against NumPy's (float32: 1e-3 relative), and measures kvfast's memory: the
+growth of RssAnon over one pass in a fresh interpreter (sampled every 5 ms; `timing.PeakRssAnon`).
+Prints a table and writes bench-out/attention.json. On a machine shared with other work the times
+stretch; the ratios, measured in the same run, are what to read.
+
+    python benches/bench_attention.py [--shapes 2048x256x2,16384x512x1,32768x512x1] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -21,13 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import gguf
 import numpy as np
-from timing import best
+from timing import PeakRssAnon, best
 
 import kvfast
 from kvfast import attn, synth
@@ -48,99 +58,150 @@ def write_model(path: Path, n_layer: int) -> None:
     w.close()
 
 
-def numpy_reductions(st: kvfast.State, q: attn.Queries, n_layer: int, k: int) -> dict[str, np.ndarray]:
-    """Mass [layer, head, cell], entropy [layer, head, query] and top-k cells [layer, head, query, k]."""
+def setup(tmp: Path, cells: int, layers: int, queries: int) -> tuple[Path, Path, attn.Queries]:
+    """The state, the model and the queries of a shape."""
+    state, model = tmp / f"s{cells}.bin", tmp / f"m{layers}.gguf"
+    synth.write_state(state, cells=cells, n_layer=layers, n_embd_k=N_HEAD_KV * HEAD, k_type="f16")
+    write_model(model, layers)
+    rng = np.random.default_rng(0)
+    q = attn.Queries.from_arrays(
+        {il: rng.standard_normal((queries, N_HEAD, HEAD)).astype(np.float32) for il in range(layers)},
+        np.arange(cells - queries, cells),
+        0,
+        str(model),
+    )
+    return state, model, q
+
+
+def grouped(q: attn.Queries, il: int) -> np.ndarray:
+    """A layer's queries as [KV head, its query heads x queries, dim] (query head h reads KV head h // 2)."""
+    qq = q.layer(il).transpose(1, 0, 2)  # [head, query, dim]
+    return np.ascontiguousarray(qq.reshape(N_HEAD_KV, (N_HEAD // N_HEAD_KV) * qq.shape[1], HEAD))
+
+
+def numpy_mass(st: kvfast.State, q: attn.Queries, layers: int) -> np.ndarray:
+    """What a user writes in NumPy float32: mass [layer, head, cell]."""
     s = st.caches[0].streams[0]
-    pos = s.pos.astype(np.int64)
-    scale = 1 / np.sqrt(HEAD)
-    mask = pos[None, :] > q.pos.astype(np.int64)[:, None]  # [query, cell]: future cells
-    out: dict[str, list[np.ndarray]] = {"mass": [], "entropy": [], "top": []}
-    for il in range(n_layer):
-        keys = st.values(il, "k").astype(np.float64).reshape(s.cell_count, N_HEAD_KV, HEAD)
-        qq = q.layer(il).astype(np.float64)  # [query, head, dim]
-        kv = np.repeat(keys, N_HEAD // N_HEAD_KV, axis=1)  # query head h reads KV head h // 2
-        lg = scale * (qq.transpose(1, 0, 2) @ kv.transpose(1, 2, 0))  # [head, query, cell]: BLAS
-        lg[:, mask] = -np.inf
+    future = s.pos[None, :].astype(np.int64) > q.pos.astype(np.int64)[:, None]  # [query, cell]
+    out = []
+    for il in range(layers):
+        keys = st.values(il, "k").astype(np.float32).reshape(s.cell_count, N_HEAD_KV, HEAD)
+        lg = np.matmul(grouped(q, il), keys.transpose(1, 2, 0))  # [KV head, 2 x query, cell]
+        lg *= np.float32(1 / np.sqrt(HEAD))
+        lg = lg.reshape(N_HEAD, len(q.pos), s.cell_count)
+        lg[:, future] = -np.inf
         lg -= lg.max(axis=-1, keepdims=True)
-        w = np.exp(lg)
-        w /= w.sum(axis=-1, keepdims=True)
-        out["mass"].append(w.sum(axis=1))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out["entropy"].append(-np.where(w > 0, w * np.log(w), 0.0).sum(axis=-1))
-        out["top"].append(np.argpartition(-w, k, axis=-1)[..., :k])
-    return {name: np.stack(v) for name, v in out.items()}
+        np.exp(lg, out=lg)
+        lg /= lg.sum(axis=-1, keepdims=True)
+        out.append(lg.sum(axis=1))
+    return np.stack(out)
+
+
+def matmul_alone(keys: list[np.ndarray], q: attn.Queries) -> None:
+    """The f32 batched matrix product of the logits alone, keys decoded beforehand."""
+    for il, k in enumerate(keys):
+        np.matmul(grouped(q, il), k)
+
+
+def child(state: str, model: str, cells: int, layers: int, queries: int) -> None:
+    """One pass of attn.mass in this interpreter: prints RssAnon (bytes) just before it."""
+    rng = np.random.default_rng(0)
+    q = attn.Queries.from_arrays(
+        {il: rng.standard_normal((queries, N_HEAD, HEAD)).astype(np.float32) for il in range(layers)},
+        np.arange(cells - queries, cells),
+        0,
+        model,
+    )
+    with kvfast.open(state, model=model) as st:
+        rss = next(
+            ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("RssAnon:")
+        )
+        print(int(rss.split()[1]) * 1024, flush=True)
+        attn.mass(st, q)
+
+
+def rss_growth(state: Path, model: Path, cells: int, layers: int, queries: int) -> int:
+    """The growth of RssAnon over one pass of attn.mass in a fresh interpreter, in bytes."""
+    args = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(state),
+        str(model),
+        str(cells),
+        str(layers),
+        str(queries),
+    ]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    watch = PeakRssAnon(proc, 0.005)
+    out, _ = proc.communicate()
+    peak = watch.join()
+    return peak - int(out.split()[0])
+
+
+def shape(tmp: Path, cells: int, queries: int, layers: int, repeat: int) -> dict[str, object]:
+    state, model, q = setup(tmp, cells, layers, queries)
+    with kvfast.open(state, model=model) as st:
+        keys = [
+            np.ascontiguousarray(
+                st.values(il, "k").astype(np.float32).reshape(cells, N_HEAD_KV, HEAD).transpose(1, 2, 0)
+            )
+            for il in range(layers)
+        ]
+        got = attn.mass(st, q).sort("layer", "head", "cell")["mass"].to_numpy()
+        want = numpy_mass(st, q, layers).reshape(-1)
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6)
+        times = {
+            "kvfast attn.mass": best(lambda: attn.mass(st, q), repeat),
+            "NumPy float32 pass": best(lambda: numpy_mass(st, q, layers), repeat),
+            "f32 matrix product alone": best(lambda: matmul_alone(keys, q), repeat),
+        }
+    keys.clear()
+    rss = rss_growth(state, model, cells, layers, queries)
+    state.unlink()
+    return {"cells": cells, "queries": queries, "layers": layers, "seconds": times, "rss_growth": rss}
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        c = sys.argv[2:]
+        child(c[0], c[1], int(c[2]), int(c[3]), int(c[4]))
+        return
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cells", type=int, default=2048)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--queries", type=int, default=256)
+    ap.add_argument(
+        "--shapes", default="2048x256x2,16384x512x1,32768x512x1", help="cells x queries x layers, ..."
+    )
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None)
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
-        state, model = Path(tmp) / "s.bin", Path(tmp) / "m.gguf"
-        synth.write_state(state, cells=a.cells, n_layer=a.layers, n_embd_k=N_HEAD_KV * HEAD, k_type="f16")
-        write_model(model, a.layers)
-        rng = np.random.default_rng(0)
-        pos = np.arange(a.cells - a.queries, a.cells)
-        q = attn.Queries.from_arrays(
-            {il: rng.standard_normal((a.queries, N_HEAD, HEAD)).astype(np.float32) for il in range(a.layers)},
-            pos,
-            0,
-            str(model),
-        )
-        with kvfast.open(state, model=model) as st:
-            st.values(0, "k")  # the page cache warm
-            ref = numpy_reductions(st, q, a.layers, 8)
-            got = attn.mass(st, q).sort("layer", "head", "cell")
-            want = ref["mass"].reshape(-1)
-            np.testing.assert_allclose(got["mass"].to_numpy(), want, rtol=1e-9, atol=1e-12)
-            runs = {
-                "kvfast mass": lambda: attn.mass(st, q),
-                "kvfast entropy": lambda: attn.entropy(st, q),
-                "kvfast top_k(8)": lambda: attn.top_k(st, q, 8),
-                "kvfast all three, one pass": lambda: attn.reductions(st, q, k=8),
-                "NumPy weights + all three": lambda: numpy_reductions(st, q, a.layers, 8),
-            }
-            times = {name: best(fn, a.repeat) for name, fn in runs.items()}
-            cpu = {}
-            for name, fn in runs.items():  # CPU seconds of one run (a loaded machine stretches the wall)
-                t = time.process_time()
-                fn()
-                cpu[name] = time.process_time() - t
-    weights = a.layers * N_HEAD * a.queries * (a.cells - a.queries / 2)
-    np_t = times["NumPy weights + all three"]
-    rust_t = times["kvfast mass"] + times["kvfast entropy"] + times["kvfast top_k(8)"]
+    results = []
+    print(f"CPUs: {os.cpu_count()}; {N_HEAD} query heads over {N_HEAD_KV} KV heads x {HEAD}, f16 keys")
     print(
-        f"{a.layers} layers x {N_HEAD} heads x {a.queries} queries over {a.cells} cells: {weights / 1e6:.1f} M weights"
+        f"{'shape':<34}{'kvfast mass':>12}{'NumPy f32':>11}{'matmul':>9}{'x NumPy':>9}{'x matmul':>10}"
+        f"{'M weights/s':>13}{'RssAnon +':>11}"
     )
-    print(f"CPUs: {os.cpu_count()}")
-    for name, t in times.items():
-        print(
-            f"  {name:28s} {t * 1000:9.1f} ms  {weights / t / 1e6:8.1f} M weights/s  ({cpu[name] * 1000:.0f} ms CPU)"
-        )
-    print(f"  kvfast, the three passes: {rust_t * 1000:.1f} ms = {np_t / rust_t:.2f}x NumPy's one pass")
-    one = times["kvfast all three, one pass"]
-    print(f"  kvfast, the three in one pass: {one * 1000:.1f} ms = {np_t / one:.2f}x NumPy's one pass")
-    print(f"  kvfast mass alone: {np_t / times['kvfast mass']:.2f}x NumPy")
-    held = N_HEAD * a.queries * a.cells * 8  # float64 logits, then weights, of one layer
-    print(f"  NumPy holds {held >> 20} MiB of weights a layer (and its temporaries); kvfast none")
+    with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
+        for spec in a.shapes.split(","):
+            cells, queries, layers = (int(x) for x in spec.split("x"))
+            r = shape(Path(tmp), cells, queries, layers, a.repeat)
+            results.append(r)
+            t = r["seconds"]
+            assert isinstance(t, dict)
+            kv, np_t, mm = t["kvfast attn.mass"], t["NumPy float32 pass"], t["f32 matrix product alone"]
+            weights = layers * N_HEAD * queries * (cells - queries / 2)
+            rss = r["rss_growth"]
+            assert isinstance(rss, int)
+            print(
+                f"{f'{layers} x {queries} queries x {cells} cells':<34}{kv * 1e3:9.0f} ms{np_t * 1e3:8.0f} ms"
+                f"{mm * 1e3:6.0f} ms{np_t / kv:8.2f}x{kv / mm:9.2f}x{weights / kv / 1e6:13.0f}"
+                f"{rss / 2**20:8.1f} MiB",
+                flush=True,
+            )
+    print("x NumPy: NumPy's time over kvfast's (above 1: kvfast faster); x matmul: kvfast's over the floor's")
     out = Path(__file__).parent / "bench-out"
     out.mkdir(exist_ok=True)
     (out / "attention.json").write_text(
-        json.dumps(
-            {
-                "args": vars(a),
-                "weights": weights,
-                "cpus": os.cpu_count(),
-                "seconds": times,
-                "cpu_seconds": cpu,
-            },
-            indent=1,
-        )
-        + "\n"
+        json.dumps({"cpus": os.cpu_count(), "shapes": results}, indent=1) + "\n"
     )
 
 

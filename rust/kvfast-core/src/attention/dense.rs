@@ -161,7 +161,7 @@ pub fn fill(req: &Request, p: &Prepared, out: &mut [f32]) -> Result<(), AttnErro
                 keys: &kv,
                 offset: t.block.offset,
             };
-            let per = rows_per_tile(heads.len(), total, req.chunk);
+            let per = rows_per_tile(heads.len(), total, req.chunk, rayon::current_num_threads());
             // per tile of queries, its rows of every head of the group: disjoint slices of `out`
             let mut slabs: Vec<_> = his
                 .iter()

@@ -487,7 +487,7 @@ fn layer(
             keys: &kv,
             offset: t.block.offset,
         };
-        let per = rows_per_tile(heads.len(), n_cols, req.chunk);
+        let per = rows_per_tile(heads.len(), n_cols, req.chunk, rayon::current_num_threads());
         let n = q.pos.len();
         let tiles: Vec<_> = (0..n).step_by(per).map(|a| a..(a + per).min(n)).collect();
         let width = if want_mass { heads.len() * n_cols } else { 0 };
