@@ -291,3 +291,13 @@ def test_the_layout_picture_names_each_parts_role_and_model_layers() -> None:
     fig = plot.layout(s)
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert " cache 1 (indexer, model layers [1, 2])" in texts
+
+
+def test_without_its_model_a_dsa_state_is_refused_in_one_line_asking_for_it() -> None:
+    with pytest.raises(kvfast.errors.AmbiguousError) as e:
+        kvfast.open(DSA / "state.ggsn")
+    msg = str(e.value)
+    assert "model=" in msg and "deepseek32: a DSA memory" in msg and "\n" not in msg
+    # a sequence state names no arch: the model is still what it asks for
+    with pytest.raises(kvfast.errors.AmbiguousError, match="model="):
+        kvfast.open(DSA / "seq-0.bin")

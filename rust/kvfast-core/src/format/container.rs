@@ -638,7 +638,10 @@ fn unread_memory(buf: Bytes, candidates: &[(Prefix, Vec<Reading>)]) -> Option<Er
 
 fn arch_note(p: &Prefix) -> String {
     match &p.arch {
-        Some(a) => format!(" (the state's arch is {a})"),
+        Some(a) => match crate::model::memory::family(a) {
+            Some(f) => format!(" (the state's arch is {a}: {f})"),
+            None => format!(" (the state's arch is {a})"),
+        },
         None => String::new(),
     }
 }

@@ -203,6 +203,21 @@ pub fn unread(arch: &str) -> Option<&'static str> {
     }
 }
 
+/// The memory `arch`'s states hold, in a few words, where it is one of the memories of 2026 that
+/// need the model to be read (None: another).
+pub fn family(arch: &str) -> Option<&'static str> {
+    if DSA.contains(&arch) {
+        return Some("a DSA memory: an MLA cache, then the lightning indexer's cache");
+    }
+    match arch {
+        "minimax-m3" => Some("an MSA memory: the main cache, then the indexer's cache"),
+        "gemma4" | "gemma3n" => {
+            Some("caches of the layers with their own K and V (shared-KV layers)")
+        }
+        _ => None,
+    }
+}
+
 /// A model's part of a memory: its role, model layers, head sizes ([K, V]; V None: K only) and
 /// K basis, as [`crate::open::Opened`] decides them for each cache of a state.
 #[derive(Debug, Clone, PartialEq, Eq)]
