@@ -301,3 +301,28 @@ def test_without_its_model_a_dsa_state_is_refused_in_one_line_asking_for_it() ->
     # a sequence state names no arch: the model is still what it asks for
     with pytest.raises(kvfast.errors.AmbiguousError, match="model="):
         kvfast.open(DSA / "seq-0.bin")
+
+
+@pytest.mark.parametrize("model", ["nm-deepseek32.gguf", "nm-gemma4.gguf", "nm-minimaxm3.gguf"])
+def test_q8_0_caches_read_in_the_models_basis_agree_with_f16(model: str, tmp_path: Path) -> None:
+    """The same prompt decoded by llama.cpp into f16 and q8_0 caches: every part read in the model's
+    basis (a DSA indexer undone in groups of 128 at both types, its MLA K and MSA's indexer K as
+    computed, Gemma 4's caches in groups of 128 and 64) agrees within q8_0's error; a basis read
+    wrong would be uncorrelated (relative error about 1.4)."""
+    pytest.importorskip("llama_cpp")
+    from kvfast.probe.replay import Replay
+
+    toks = probe(DSA)["seqs"][0]
+    opened = {}
+    for ctk in ("f16", "q8_0"):
+        with Replay(MODELS / model, ctk=ctk) as r:
+            r.prompt(toks)
+            r.save(tmp_path / f"{ctk}.bin", "seq_data")
+        opened[ctk] = kvfast.open(tmp_path / f"{ctk}.bin", model=MODELS / model)
+    a, b = opened["f16"], opened["q8_0"]
+    for c, cache in enumerate(a.caches):
+        for kind in ("k", "v") if cache.layers[0].v_type is not None else ("k",):
+            for layer in range(len(cache.layers)):
+                x = np.asarray(a.values(layer, kind, cache=c), np.float32)
+                y = np.asarray(b.values(layer, kind, cache=c), np.float32)
+                assert np.linalg.norm(x - y) <= 0.02 * np.linalg.norm(x), (c, kind, layer)
