@@ -326,3 +326,51 @@ def test_q8_0_caches_read_in_the_models_basis_agree_with_f16(model: str, tmp_pat
                 x = np.asarray(a.values(layer, kind, cache=c), np.float32)
                 y = np.asarray(b.values(layer, kind, cache=c), np.float32)
                 assert np.linalg.norm(x - y) <= 0.02 * np.linalg.norm(x), (c, kind, layer)
+
+
+def _as_arch(src: Path, dst: Path, arch: str, extra: dict[str, list[int]]) -> Path:
+    """`src`'s tensors and metadata as a model of `arch` (its keys renamed), with `extra` arrays."""
+    r = gguf.GGUFReader(src)
+    old = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(dst), arch)
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        key = k.replace(f"{old}.", f"{arch}.", 1)
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(key, f.contents())
+        else:
+            w.add_key_value(key, f.contents(), f.types[0])
+    for k, v in extra.items():
+        w.add_array(f"{arch}.{k}", v)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_a_glm_dsa_indexer_cache_holds_the_layers_its_gguf_lists(tmp_path: Path) -> None:
+    """GLM-DSA (no fixture: the deepseek32 model as glm-dsa, `attention.indexer.types` [1, 0]):
+    llama.cpp's indexer cache holds model layer 0 alone; its K rotated at f16 and q8_0 alike."""
+    pytest.importorskip("llama_cpp")
+    from kvfast.probe.replay import Replay
+
+    model = _as_arch(
+        MODELS / "nm-deepseek32.gguf", tmp_path / "glm.gguf", "glm-dsa", {"attention.indexer.types": [1, 0]}
+    )
+    toks = probe(DSA)["seqs"][0]
+    opened = {}
+    for ctk in ("f16", "q8_0"):
+        with Replay(model, ctk=ctk) as r:
+            r.prompt(toks)
+            r.save(tmp_path / f"{ctk}.ggsn", "state_file", tokens=toks)
+        opened[ctk] = kvfast.open(tmp_path / f"{ctk}.ggsn", model=model)
+    a, b = opened["f16"], opened["q8_0"]
+    assert roles(a) == [("attention", [0, 1], 576, None), ("indexer", [0], 128, None)]
+    assert "parts=attention[0, 1] + indexer[0]" in repr(b)
+    x, y = (np.asarray(s.values(0, "k", cache=1), np.float32) for s in (a, b))
+    assert np.linalg.norm(x - y) <= 0.02 * np.linalg.norm(x)
+    assert a.to_polars().filter(pl.col("cache") == 1)["model_layer"].unique().to_list() == [0]
