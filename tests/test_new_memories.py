@@ -15,6 +15,7 @@ from conftest import DATA, probe
 
 import kvfast
 from kvfast.cli import main
+from kvfast.model import ModelGeometry
 
 MODELS = DATA / "models"
 NEW = DATA / "memories2026"
@@ -374,3 +375,27 @@ def test_a_glm_dsa_indexer_cache_holds_the_layers_its_gguf_lists(tmp_path: Path)
     x, y = (np.asarray(s.values(0, "k", cache=1), np.float32) for s in (a, b))
     assert np.linalg.norm(x - y) <= 0.02 * np.linalg.norm(x)
     assert a.to_polars().filter(pl.col("cache") == 1)["model_layer"].unique().to_list() == [0]
+
+
+@pytest.mark.parametrize("folder", [DSA, GEMMA4, MSA], ids=lambda p: p.name)
+def test_a_model_geometry_holds_the_memorys_parts(folder: Path) -> None:
+    """ModelGeometry.from_gguf keeps what the GGUF says of the memory (the indexer cache, the
+    sliding-window head sizes): opened with it, a state reads as with the GGUF's path."""
+    g = ModelGeometry.from_gguf(model_of(folder))
+    by_path = kvfast.open(folder / "state.bin", model=model_of(folder))
+    by_geometry = kvfast.open(folder / "state.bin", model=g)
+    assert roles(by_geometry) == roles(by_path)
+    assert by_geometry.model == g and by_path.model == g
+    assert by_geometry.to_polars().equals(by_path.to_polars())
+
+
+def test_the_geometry_of_each_memory() -> None:
+    dsa = ModelGeometry.from_gguf(MODELS / "nm-deepseek32.gguf")
+    assert dsa.indexer is not None and dsa.indexer.layers == (True, True)
+    assert (dsa.indexer.head_dim_k, dsa.indexer.head_dim_v, dsa.indexer.k_rotation) == (128, None, 128)
+    msa = ModelGeometry.from_gguf(MODELS / "nm-minimaxm3.gguf")
+    assert msa.indexer is not None and msa.indexer.layers == (False, True, True)
+    assert (msa.indexer.head_dim_k, msa.indexer.head_dim_v, msa.indexer.k_rotation) == (128, 64, 0)
+    gemma = ModelGeometry.from_gguf(MODELS / "nm-gemma4.gguf")
+    assert gemma.head_dims_swa == (64, 64) and gemma.indexer is None
+    assert gemma.attention == (True, True, True, True, False)  # layer 4 reads layer 2's cache

@@ -24,6 +24,21 @@ MAX_VALUES: int = _kvfast.MAX_VALUES
 
 
 @dataclass(frozen=True)
+class IndexerGeometry:
+    """A sparse attention's indexer cache: per model layer whether it holds it, its one K head (and
+    V head: None, K only), and ``k_rotation``: the group its K is stored Hadamard-rotated in at
+    every type (0: as computed)."""
+
+    layers: tuple[bool, ...]
+    head_dim_k: int
+    head_dim_v: int | None
+    k_rotation: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+
+
+@dataclass(frozen=True)
 class ModelGeometry:
     """What splits a state's rows into heads and its caches' layers into the model's layers."""
 
@@ -42,6 +57,17 @@ class ModelGeometry:
     v_less: bool | None = None
     #: The recurrent part's n_layer field (block_count less the NextN / MTP layers).
     n_layer_trunk: int | None = None
+    #: The (K, V) head sizes of the sliding-window layers where they are not the model's (Gemma 4).
+    head_dims_swa: tuple[int, int] | None = None
+    #: The sparse attention's indexer cache (DSA, MSA), written after the attention caches.
+    indexer: IndexerGeometry | None = None
+
+    def __post_init__(self) -> None:
+        # from kvfast-core's dict (State.model, a GGUF read) or a manifest's JSON: as the types say
+        if isinstance(self.indexer, dict):
+            object.__setattr__(self, "indexer", IndexerGeometry(**self.indexer))
+        if self.head_dims_swa is not None:
+            object.__setattr__(self, "head_dims_swa", tuple(self.head_dims_swa))
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike[str]) -> ModelGeometry:

@@ -7,6 +7,7 @@ use kvfast_core::model::geometry::{
     Geometry, Metadata, Model, ModelRope, MAX_MODEL_LAYERS, MAX_MODEL_VALUES,
 };
 use kvfast_core::model::gguf::read_metadata;
+use kvfast_core::model::memory::Basis;
 use kvfast_core::values::rope::Rope;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -34,6 +35,23 @@ pub(crate) fn geometry_dict<'py>(py: Python<'py>, g: &Geometry) -> Result<Bound<
     d.set_item("attention", flags(&g.attention)?)?;
     d.set_item("v_less", g.v_less)?;
     d.set_item("n_layer_trunk", g.n_layer_trunk)?;
+    d.set_item("head_dims_swa", g.head_dims_swa.map(|[k, v]| (k, v)))?;
+    let indexer = match &g.indexer {
+        None => None,
+        Some(i) => {
+            let e = PyDict::new(py);
+            e.set_item("layers", PyTuple::new(py, &i.layers)?)?;
+            e.set_item("head_dim_k", i.head_dim_k)?;
+            e.set_item("head_dim_v", i.head_dim_v)?;
+            let group = match i.k_basis {
+                Basis::Rotated(g) => g,
+                _ => 0,
+            };
+            e.set_item("k_rotation", group)?;
+            Some(e)
+        }
+    };
+    d.set_item("indexer", indexer)?;
     Ok(d)
 }
 

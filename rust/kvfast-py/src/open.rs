@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use kvfast_core::model::geometry::{Geometry, Model};
+use kvfast_core::model::memory::{Basis, Indexer};
 use kvfast_core::open::{OpenError, OpenOptions, Opened};
 use kvfast_core::values::rope::Rope;
 use kvfast_core::values::rotation_decide::{BuildHint, Mode};
@@ -40,6 +41,23 @@ pub struct GeometryArg {
     v_less: Option<bool>,
     #[pyo3(attribute)]
     n_layer_trunk: Option<usize>,
+    #[pyo3(attribute)]
+    head_dims_swa: Option<(u64, u64)>,
+    #[pyo3(attribute)]
+    indexer: Option<IndexerArg>,
+}
+
+/// A `ModelGeometry`'s `IndexerGeometry` (its fields, by name).
+#[derive(FromPyObject)]
+pub struct IndexerArg {
+    #[pyo3(attribute)]
+    layers: Vec<bool>,
+    #[pyo3(attribute)]
+    head_dim_k: u64,
+    #[pyo3(attribute)]
+    head_dim_v: Option<u64>,
+    #[pyo3(attribute)]
+    k_rotation: usize,
 }
 
 impl From<GeometryArg> for Geometry {
@@ -55,9 +73,17 @@ impl From<GeometryArg> for Geometry {
             attention: g.attention,
             v_less: g.v_less,
             n_layer_trunk: g.n_layer_trunk,
-            // what a ModelGeometry does not hold: its GGUF (model=PATH) gives them
-            head_dims_swa: None,
-            indexer: None,
+            head_dims_swa: g.head_dims_swa.map(|(k, v)| [k, v]),
+            indexer: g.indexer.map(|i| Indexer {
+                layers: i.layers,
+                head_dim_k: i.head_dim_k,
+                head_dim_v: i.head_dim_v,
+                k_basis: if i.k_rotation > 0 {
+                    Basis::Rotated(i.k_rotation)
+                } else {
+                    Basis::AsComputed
+                },
+            }),
         }
     }
 }
