@@ -399,3 +399,24 @@ def test_the_geometry_of_each_memory() -> None:
     gemma = ModelGeometry.from_gguf(MODELS / "nm-gemma4.gguf")
     assert gemma.head_dims_swa == (64, 64) and gemma.indexer is None
     assert gemma.attention == (True, True, True, True, False)  # layer 4 reads layer 2's cache
+
+
+def test_a_probe_runs_states_open_with_their_memory_from_the_manifest(tmp_path: Path) -> None:
+    """The probe runner's manifest records the memory's parts (the indexer cache): its DSA states
+    open without model=, as with it."""
+    pytest.importorskip("llama_cpp")
+    from kvfast import probe as probe_runner
+
+    toks = probe(DSA)["seqs"][0]
+    man = probe_runner.run(
+        MODELS / "nm-deepseek32.gguf",
+        [{"id": "a", "tokens": toks}],
+        tmp_path / "run",
+        n_ctx=64,
+        progress=False,
+    )
+    assert man["indexer"].to_list()[0]["k_rotation"] == 128
+    s = kvfast.open(tmp_path / "run" / "a.ggsq")
+    assert roles(s) == [("attention", [0, 1], 576, None), ("indexer", [0, 1], 128, None)]
+    want = kvfast.open(tmp_path / "run" / "a.ggsq", model=MODELS / "nm-deepseek32.gguf")
+    assert s.to_polars().equals(want.to_polars())

@@ -25,7 +25,7 @@ from typing import Any
 import polars as pl
 
 from kvfast.errors import ManifestWarning, warn
-from kvfast.model.geometry import ModelGeometry
+from kvfast.model.geometry import IndexerGeometry, ModelGeometry
 
 #: The manifest's file name, beside the states.
 NAME = "manifest.parquet"
@@ -129,6 +129,10 @@ def _geometry(row: dict[str, Any]) -> ModelGeometry | None:
         return None
 
     v_less, trunk = row.get("v_less"), row.get("n_layer_trunk")
+    dims = row.get("head_dims_swa")
+    swa_dims = (
+        (dims[0], dims[1]) if isinstance(dims, list) and len(dims) == 2 and all(map(_int, dims)) else None
+    )
     return ModelGeometry(
         arch=arch,
         n_layer=n,
@@ -140,7 +144,21 @@ def _geometry(row: dict[str, Any]) -> ModelGeometry | None:
         attention=flags("attention"),
         v_less=v_less if isinstance(v_less, bool) else None,
         n_layer_trunk=trunk if _int(trunk) else None,
+        head_dims_swa=swa_dims,
+        indexer=_indexer(row.get("indexer"), n),
     )
+
+
+def _indexer(v: Any, n: int) -> IndexerGeometry | None:
+    """A manifest's indexer column (newer manifests), where it is what the runner writes."""
+    if not isinstance(v, dict):
+        return None
+    layers, k, dv, rot = v.get("layers"), v.get("head_dim_k"), v.get("head_dim_v"), v.get("k_rotation")
+    if not (isinstance(layers, list) and len(layers) == n and all(isinstance(x, bool) for x in layers)):
+        return None
+    if not _int(k) or not (dv is None or _int(dv)) or not (isinstance(rot, int) and rot >= 0):
+        return None
+    return IndexerGeometry(tuple(layers), k, dv, rot)
 
 
 def describing(path: str | os.PathLike[str]) -> Path | None:

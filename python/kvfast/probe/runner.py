@@ -285,6 +285,16 @@ def _geometry(model: str) -> dict[str, Any]:
         "attention": None if g.attention is None else list(g.attention),
         "v_less": g.v_less,
         "n_layer_trunk": g.n_layer_trunk,
+        # the memory's parts the layers alone do not give (Gemma 4's window heads, an indexer cache)
+        "head_dims_swa": None if g.head_dims_swa is None else list(g.head_dims_swa),
+        "indexer": None
+        if g.indexer is None
+        else {
+            "layers": list(g.indexer.layers),
+            "head_dim_k": g.indexer.head_dim_k,
+            "head_dim_v": g.indexer.head_dim_v,
+            "k_rotation": g.indexer.k_rotation,
+        },
     }
 
 
