@@ -156,7 +156,9 @@ def _indexer(v: Any, n: int) -> IndexerGeometry | None:
     layers, k, dv, rot = v.get("layers"), v.get("head_dim_k"), v.get("head_dim_v"), v.get("k_rotation")
     if not (isinstance(layers, list) and len(layers) == n and all(isinstance(x, bool) for x in layers)):
         return None
-    if not _int(k) or not (dv is None or _int(dv)) or not (isinstance(rot, int) and rot >= 0):
+    if not isinstance(k, int) or not _int(k) or not (dv is None or _int(dv)):
+        return None
+    if not (isinstance(rot, int) and rot >= 0):
         return None
     return IndexerGeometry(tuple(layers), k, dv, rot)
 
