@@ -420,3 +420,22 @@ def test_a_probe_runs_states_open_with_their_memory_from_the_manifest(tmp_path: 
     assert roles(s) == [("attention", [0, 1], 576, None), ("indexer", [0, 1], 128, None)]
     want = kvfast.open(tmp_path / "run" / "a.ggsq", model=MODELS / "nm-deepseek32.gguf")
     assert s.to_polars().equals(want.to_polars())
+
+
+@pytest.mark.parametrize(
+    "model,why",
+    [
+        ("nm-deepseek32.gguf", "lightning indexer picks"),
+        ("nm-minimaxm3.gguf", "blocks its indexer picks"),
+        ("nm-gemma4.gguf", "sliding-window layers have K heads of 64"),
+    ],
+)
+def test_query_capture_refuses_the_memories_it_cannot_compute(model: str, why: str, tmp_path: Path) -> None:
+    """The probe runner's query capture says, before any decode, which attention kvfast does not
+    compute (sparse attentions, two head sizes), as one error."""
+    pytest.importorskip("llama_cpp")
+    from kvfast import probe as probe_runner
+
+    prompts = [{"id": "a", "tokens": probe(DSA)["seqs"][0]}]
+    with pytest.raises(kvfast.errors.KvfastError, match=why):
+        probe_runner.run(MODELS / model, prompts, tmp_path / "run", n_ctx=64, progress=False, queries=2)

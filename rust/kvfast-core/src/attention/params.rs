@@ -187,6 +187,27 @@ impl LayerAttn {
                 ),
             ));
         }
+        // a memory's parts kvfast-core's geometry knows (model/memory.rs): MSA's block-sparse
+        // attention through its indexer, Gemma 4's sliding-window heads of another size
+        if g.indexer.is_some() {
+            return Err(bad(
+                "general.architecture".into(),
+                format!(
+                    "{a} attends to the blocks its indexer picks (sparse attention): kvfast does not \
+                     compute its attention"
+                ),
+            ));
+        }
+        if let Some([k, _]) = g.head_dims_swa {
+            return Err(bad(
+                key("attention.key_length_swa"),
+                format!(
+                    "{a}'s sliding-window layers have K heads of {k}, its full-attention layers of \
+                     {}: kvfast computes attention in one head size",
+                    g.head_dim_k
+                ),
+            ));
+        }
         if a == "grok" {
             return Err(bad(
                 "general.architecture".into(),
