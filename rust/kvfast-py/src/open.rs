@@ -89,8 +89,10 @@ impl From<GeometryArg> for Geometry {
 }
 
 /// `model=`: a `ModelGeometry`, or the path of a GGUF that kvfast-core reads (once: its geometry
-/// and, for keys before RoPE, its RoPE).
+/// and, for keys before RoPE, its RoPE). Made once per open: the size of its geometry variant
+/// does not matter.
 #[derive(FromPyObject)]
+#[allow(clippy::large_enum_variant)]
 pub enum ModelSource {
     Given(GeometryArg),
     Path(PathBuf),
