@@ -1,5 +1,6 @@
 """Attention weights of queries over a state's cache, computed in Rust (kvfast-core's
-``attention``): f64 logits and softmax, chunks of queries in parallel, the GIL released.
+``attention``): f32 tiles of queries against each KV head's keys as llama.cpp computes them, the online
+softmax, every core, the GIL released.
 
 Every function takes an open :class:`kvfast.State` and :class:`~kvfast.attn.queries.Queries` (or
 the path of a queries sidecar, ``<id>.queries.json``), and the model (its GGUF) whose header says

@@ -6,8 +6,10 @@
 //! softmax). Only this tile's exponentials are held (rows x the columns the tile sees); a row's
 //! weights are handed out as pieces of them with one factor per block of columns,
 //! `exp(m_block - m_row) / sum` (f64: a row's weights sum to 1 in f64), so no weight matrix is
-//! formed. Each row's entropy comes from the
-//! same running sums (`sum e * (x - m)`), without a logarithm per weight.
+//! formed. Each row's entropy comes from the same running sums (`sum e * (x - m)`), without a
+//! logarithm per weight. Blocks of columns start at multiples of [`COLS`] and every product has
+//! at least two rows, so each product takes the same path of the GEMM and a row's numbers do not
+//! depend on the tile it is in (a dense array of some rows equals the table of all).
 
 use std::ops::Range;
 
@@ -142,8 +144,9 @@ pub fn tile(
         }
     }
     s.a.resize(mp * d, 0.0);
-    s.strip.clear();
-    s.strip.resize(mp * width, 0.0);
+    if s.strip.len() < mp * width {
+        s.strip.resize(mp * width, 0.0); // every value read is written first: never cleared
+    }
     s.m_block.clear();
     s.m_block.resize(m * nb, f32::NEG_INFINITY);
     // per row: running max, sum (with the sink), sum over cells, sum of e * (x - max)
