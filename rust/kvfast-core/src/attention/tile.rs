@@ -266,3 +266,89 @@ pub fn tile(
         emit(hh, i, &r);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::params::Window;
+
+    /// Each row's weights and entropy from a tile, against f64 (head `h` of the group reads row
+    /// `r`'s values at `h * d`).
+    #[test]
+    fn a_tile_gives_each_row_the_softmax_of_its_cells_capped_with_a_sink() {
+        let d = 4;
+        let n = 300; // two blocks of columns, the second partial
+        let mut keys: Vec<f32> = (0..n * d)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+            .collect();
+        keys.resize(COLS * 2 * d, 0.0);
+        let values: Vec<f32> = (0..3 * 2 * d)
+            .map(|i| (i as f32 * 0.7).sin() * 3.0)
+            .collect();
+        let attn = LayerAttn {
+            model_layer: 0,
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: d,
+            scale: 0.5,
+            softcap: Some(4.0),
+            window: Window::None,
+            sinks: Some(vec![0.0, 1.5]),
+        };
+        let q = Queries {
+            values: &values,
+            row_len: 2 * d,
+            pos: &[0, 0, 0],
+            seq: &[0, 0, 0],
+            blocks: &[],
+        };
+        let g = Group {
+            attn: &attn,
+            heads: &[0, 1],
+            keys: &keys,
+            offset: 0,
+        };
+        let runs: [&[Run]; 3] = [&[(0, 300)], &[], &[(5, 9), (250, 270)]];
+        let mut got = vec![];
+        let mut s = Scratch::default();
+        tile(&g, &q, &[0, 1, 2], &runs, &mut s, |hh, i, row| {
+            let mut w = vec![];
+            row.weights(&mut w);
+            got.push((hh, i, w, row.entropy, row.cells));
+        });
+        assert_eq!(got.len(), 4); // row 1 sees nothing
+        for (hh, i, w, h, cells) in &got {
+            let qv = &values[i * 2 * d + hh * d..][..d];
+            let cols: Vec<usize> = runs[*i]
+                .iter()
+                .flat_map(|(a, b)| *a as usize..*b as usize)
+                .collect();
+            let lg: Vec<f64> = cols
+                .iter()
+                .map(|c| {
+                    let dot: f64 = (0..d)
+                        .map(|k| f64::from(qv[k]) * f64::from(keys[c * d + k]))
+                        .sum();
+                    4.0 * (0.5 * dot / 4.0).tanh()
+                })
+                .collect();
+            let sink = [0.0, 1.5][*hh];
+            let m = lg.iter().copied().fold(sink, f64::max);
+            let den: f64 = lg.iter().map(|x| (x - m).exp()).sum::<f64>() + (sink - m).exp();
+            let want: Vec<f64> = lg.iter().map(|x| (x - m).exp() / den).collect();
+            assert_eq!(*cells as usize, cols.len());
+            for (a, b) in w.iter().zip(&want) {
+                assert!((a - b).abs() <= 1e-5 * b + 1e-12, "{a} {b}");
+            }
+            let hw: f64 = -want.iter().map(|x| x * x.ln()).sum::<f64>();
+            assert!((h - hw).abs() < 1e-5 * hw, "{h} {hw}");
+        }
+        // the same row alone in its tile: the same numbers
+        tile(&g, &q, &[2], &runs[2..], &mut s, |hh, _, row| {
+            let mut w = vec![];
+            row.weights(&mut w);
+            let first = got.iter().find(|x| x.0 == hh && x.1 == 2).unwrap();
+            assert_eq!(w, first.2);
+        });
+    }
+}
