@@ -225,14 +225,14 @@ def test_html_view_embeds_the_weights_as_float16(with_pieces: Path) -> None:  # 
         mp.setattr(html_mod, "MAX_VALUES", 50)
         try:
             with pytest.raises(
-                kvfast.SelectionError, match=r"more than 50 weights .*2 layers x 4 heads x 5 rows x 7 cells"
+                kvfast.SelectionError, match=r"more than 50 weights .*2 layers x 4 heads x 5 rows x 2 cells"
             ):
                 attention_html(st, q, rows=(0, None))
-            # with neither rows nor cells given, the view shows fewer cells to fit the cap: the
-            # first and the last here
+            # with neither rows nor cells given, the view shows fewer cells to fit the cap:
+            # 2 layers x 4 heads x 5 rows x 5 cells, the first cell and the last four
             mp.setattr(html_mod, "MAX_VALUES", 200)
             parts = _embedded(attention_html(st, q).html)["layers"][0]["parts"]  # type: ignore[index]
-            assert [p["piece"] for p in parts] == [WORDS[:1], WORDS[-1:]]
+            assert [p["piece"] for p in parts] == [WORDS[:1], WORDS[-4:]]
         finally:
             mp.undo()
 

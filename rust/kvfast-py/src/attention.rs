@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use kvfast_core::attention::dense;
 use kvfast_core::attention::params::LayerAttn;
-use kvfast_core::attention::pass::{run_many, Block, Incomplete, Queries, Reduce, Request};
+use kvfast_core::attention::pass::run_many;
+use kvfast_core::attention::request::{Block, Incomplete, Queries, Reduce, Request};
 use kvfast_core::model::geometry::Model;
 use kvfast_core::Kind;
 use pyo3::buffer::{Element, PyBuffer};

@@ -13,7 +13,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use crate::attention::keys::Keys;
-use crate::attention::pass::{Request, Task};
+use crate::attention::request::{Request, Task};
 use crate::attention::seen::{self, positions, Cells};
 use crate::attention::tile::{rows_per_tile, tile, Group, Run, Scratch};
 use crate::attention::AttnError;
@@ -198,7 +198,8 @@ pub fn fill(req: &Request, p: &Prepared, out: &mut [f32]) -> Result<(), AttnErro
 mod tests {
     use super::*;
     use crate::attention::params::LayerAttn;
-    use crate::attention::pass::{run, Block, Incomplete, Queries, Reduce};
+    use crate::attention::pass::run;
+    use crate::attention::request::{Block, Incomplete, Queries, Reduce};
     use crate::model::geometry::Model;
     use crate::open::{OpenOptions, Opened};
     use crate::plan::columns::Values;

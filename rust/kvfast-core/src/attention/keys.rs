@@ -3,11 +3,13 @@
 
 use rayon::prelude::*;
 
-use crate::attention::tile::COLS;
 use crate::format::layout::Stream;
 use crate::values::decode::decode_row;
 use crate::values::rotation::hadamard_groups;
 use crate::values::view::RecordView;
+
+/// Key columns per matrix product: a block of logits of a tile stays in the core's cache.
+pub const COLS: usize = 256;
 
 /// The K rows of one cache layer, per stream, as stored.
 pub struct Keys<'a> {

@@ -15,6 +15,7 @@ pub mod kernel;
 pub mod keys;
 pub mod params;
 pub mod pass;
+pub mod request;
 pub mod seen;
 pub mod simd;
 pub mod tile;

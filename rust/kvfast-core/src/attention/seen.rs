@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::attention::kernel::Seen;
-use crate::attention::pass::{Incomplete, Request, Task};
+use crate::attention::request::{Incomplete, Request, Task};
 use crate::attention::tile::Run;
 use crate::attention::AttnError;
 use crate::format::layout::Stream;

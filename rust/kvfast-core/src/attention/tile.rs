@@ -15,16 +15,14 @@ use std::ops::Range;
 
 #[cfg(doc)]
 use crate::attention::keys::Keys;
+use crate::attention::keys::COLS;
 use crate::attention::params::LayerAttn;
-use crate::attention::pass::Queries;
+use crate::attention::request::Queries;
 use crate::attention::simd::{exp_sums, scale_max};
 
 /// Columns `a..b` of a row of every stream's cells (a stream's cell `c` is column
 /// `starts[stream] + c`) that a query sees, in order.
 pub type Run = (u32, u32);
-
-/// Key columns per matrix product: a block of logits of a tile stays in the core's cache.
-pub const COLS: usize = 256;
 
 /// Bytes of every thread's tile of logits together (rows x the columns each sees): each thread's
 /// share, at most 8 MiB (at least 1 MiB), chooses the rows of a tile; more rows make the matrix
