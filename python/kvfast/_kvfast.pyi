@@ -33,6 +33,7 @@ __all__ = [
     "__version__",
     "aggregate_stats",
     "attention",
+    "attention_dense",
     "attention_layers",
     "attention_map",
     "cell_stats",
