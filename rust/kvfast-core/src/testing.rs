@@ -80,3 +80,30 @@ pub fn layout(caches: Vec<Vec<Stream>>) -> Layout {
         rows_on_device: false,
     }
 }
+
+/// Tiny Qwen3's sequence state of tests/data opened with its model (rotation left as stored),
+/// and the model's attention layers: the attention passes' unit tests.
+pub fn tiny_qwen3_attention() -> (
+    crate::open::Opened,
+    Vec<crate::attention::params::LayerAttn>,
+) {
+    use crate::model::geometry::Model;
+    use crate::open::{OpenOptions, Opened};
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data");
+    let model = Model::read(data.join("models/tiny-qwen3.gguf")).unwrap();
+    let sf = crate::State::open(
+        data.join("qwen3tiny-f16-fa/seq-0.ggsq"),
+        crate::WalkOptions::default(),
+    )
+    .unwrap();
+    let opts = OpenOptions {
+        model: Some(&model.geometry),
+        rotation: crate::values::rotation_decide::Mode::None,
+        ..OpenOptions::default()
+    };
+    let op = Opened::new(sf, opts).unwrap();
+    (
+        op,
+        crate::attention::params::LayerAttn::of_model(&model).unwrap(),
+    )
+}

@@ -197,34 +197,10 @@ pub fn fill(req: &Request, p: &Prepared, out: &mut [f32]) -> Result<(), AttnErro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::params::LayerAttn;
     use crate::attention::pass::run;
     use crate::attention::request::{Block, Incomplete, Queries, Reduce};
-    use crate::model::geometry::Model;
-    use crate::open::{OpenOptions, Opened};
     use crate::plan::columns::Values;
-    use crate::values::rotation_decide::Mode;
-    use crate::{State, WalkOptions};
-    use std::path::Path;
-
-    fn opened() -> (Opened, Vec<LayerAttn>) {
-        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data");
-        let model = Model::read(data.join("models/tiny-qwen3.gguf")).unwrap();
-        let sf = State::open(
-            data.join("qwen3tiny-f16-fa/seq-0.ggsq"),
-            WalkOptions::default(),
-        )
-        .unwrap();
-        let opts = OpenOptions {
-            model: Some(&model.geometry),
-            rotation: Mode::None,
-            ..OpenOptions::default()
-        };
-        (
-            Opened::new(sf, opts).unwrap(),
-            LayerAttn::of_model(&model).unwrap(),
-        )
-    }
+    use crate::testing::tiny_qwen3_attention as opened;
 
     #[test]
     fn the_dense_array_holds_the_pass_weights_and_nan_where_unseen() {

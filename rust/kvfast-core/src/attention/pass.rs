@@ -362,31 +362,8 @@ pub fn run_many(req: &Request, whats: &[Reduce]) -> Result<Vec<Vec<Table>>, Attn
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::params::LayerAttn;
     use crate::attention::request::{Block, Incomplete, Queries};
-    use crate::model::geometry::Model;
-    use crate::open::OpenOptions;
-    use crate::open::Opened;
-    use crate::values::rotation_decide::Mode;
-    use crate::{State, WalkOptions};
-    use std::path::Path;
-
-    fn opened() -> (Opened, Vec<LayerAttn>) {
-        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data");
-        let model = Model::read(data.join("models/tiny-qwen3.gguf")).unwrap();
-        let sf = State::open(
-            data.join("qwen3tiny-f16-fa/seq-0.ggsq"),
-            WalkOptions::default(),
-        )
-        .unwrap();
-        let opts = OpenOptions {
-            model: Some(&model.geometry),
-            rotation: Mode::None,
-            ..OpenOptions::default()
-        };
-        let op = Opened::new(sf, opts).unwrap();
-        (op, LayerAttn::of_model(&model).unwrap())
-    }
+    use crate::testing::tiny_qwen3_attention as opened;
 
     #[test]
     fn a_zero_query_spreads_its_weight_evenly_over_the_cells_it_sees() {
