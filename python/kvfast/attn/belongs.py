@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from kvfast.attn.queries import Queries
 from kvfast.errors import ModelMismatchError, QueriesError
+from kvfast.model import cached
 from kvfast.model.geometry import ModelGeometry
 from kvfast.read.state import State
 
@@ -134,14 +135,14 @@ def check_model(q: Queries, model: str) -> None:
     """The model attention is computed with is the one the queries were captured with: the same
     arch and geometry in the GGUF headers (a copy elsewhere is the same model). Each layer's heads
     and head size are checked against the model by the pass itself."""
-    given = ModelGeometry.from_gguf(model)
+    given = cached.geometry(model)
     recorded = q.meta.get("arch")
     if isinstance(recorded, str) and recorded != given.arch:
         raise ModelMismatchError(
             f"{_name(q)} was captured with a {recorded} model ({q.model}), {model} is {given.arch}"
         )
     if q.model is not None and os.path.exists(q.model) and os.path.abspath(q.model) != os.path.abspath(model):
-        theirs = ModelGeometry.from_gguf(q.model)
+        theirs = cached.geometry(q.model)
         if _geometry(theirs) != _geometry(given):
             raise ModelMismatchError(
                 f"{_name(q)} was captured with {q.model} ({theirs.arch}, {theirs.n_layer} layers), "

@@ -39,6 +39,7 @@ from kvfast import _kvfast
 from kvfast.attn import belongs
 from kvfast.attn.queries import Queries
 from kvfast.errors import ModelMismatchError, RotationError, SelectionError
+from kvfast.model import cached
 from kvfast.read.state import State
 
 QueriesArg = Queries | str | os.PathLike[str]
@@ -80,7 +81,7 @@ def _scales(model: str, q: Queries, scale: float | dict[int, float] | None) -> d
         return {int(k): float(v) for k, v in scale.items()}
     if scale is not None:
         return {lay.model_layer: float(scale) for lay in q.layers}
-    ours = {int(a["model_layer"]): float(a["scale"]) for a in _kvfast.attention_layers(model)}
+    ours = {int(a["model_layer"]): float(a["scale"]) for a in cached.attention_layers(model)}
     for lay in q.layers:
         s = ours.get(lay.model_layer)
         if (
@@ -116,7 +117,7 @@ def prepare(
     """Check that queries pair with a state's keys, and gather what a pass takes beside them."""
     q.check_unchanged()
     m = _model(state, q, model)
-    _softcaps(_kvfast.attention_layers(m), q)
+    _softcaps(cached.attention_layers(m), q)
     belongs.check(state, q, m)
     rotated = {int(lay.info.get("rotation") or 0) for lay in q.layers} - {0}
     as_stored = [
