@@ -63,7 +63,8 @@ class Server:
     skew: int = 0
     #: body bytes served at most: later GETs get a 503 (a test of bounded fetching ends)
     budget: int | None = None
-    #: called after each HEAD / GET is answered, with the object's path (rewrite an object here)
+    #: called as each HEAD is answered (before its headers are sent) and after each GET is, with
+    #: the object's path (rewrite an object here)
     after_head: Callable[[str], None] | None = None
     after_get: Callable[[str], None] | None = None
     requests: Counter[str] = field(default_factory=Counter)
@@ -122,9 +123,10 @@ def _handler(srv: Server) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(o.size))
             self.send_header("Accept-Ranges", "bytes")
             self._version(o)
-            self.end_headers()
+            # before the answer leaves: the client's next request cannot reach the server first
             if srv.after_head is not None:
                 srv.after_head(self.path.split("?", 1)[0])
+            self.end_headers()
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
