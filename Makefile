@@ -81,6 +81,7 @@ bench: install
 	$(PY) benches/bench_remote.py
 	$(PY) benches/bench_write_memory.py
 	$(PY) benches/bench_attention.py
+	$(PY) benches/bench_capture.py
 
 # Coverage-guided fuzzing of the core under AddressSanitizer (cargo-fuzz, libFuzzer): each target
 # in turn for FUZZ_SECONDS, its corpus seeded from tests/data (fuzz/corpus, kept between runs, not

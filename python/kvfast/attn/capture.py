@@ -266,9 +266,16 @@ class Capture:
         if w is None:
             return
         off = self.blocks[il]
-        for i, at in enumerate(self._keep[start : start + ns * nt]):
-            if at is not None:
-                w.values[at, off : off + nh * d] = q[i].reshape(-1)
+        keep = self._keep[start : start + ns * nt]
+        taken = [i for i, at in enumerate(keep) if at is not None]
+        if not taken:
+            return
+        into = [at for at in keep if at is not None]
+        block = q.reshape(ns * nt, nh * d)
+        if into[-1] - into[0] == len(into) - 1 and taken[-1] - taken[0] == len(taken) - 1:  # one run
+            w.values[into[0] : into[-1] + 1, off : off + nh * d] = block[taken[0] : taken[-1] + 1]
+        else:
+            w.values[into, off : off + nh * d] = block[taken]
 
 
 def _callback_type() -> Any:
