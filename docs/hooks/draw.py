@@ -82,8 +82,8 @@ def _gemma_270m() -> Path | None:
 
 def attention(out: Path) -> None:
     """The attention pictures and the interactive page of a capture the probe runner makes at
-    build: Gemma 3 270M over a real text (this repository's state-format page, about 1,500 tokens:
-    three micro-batches), every query captured; without the model package, the tiny random-weight
+    build: Gemma 3 270M over a real text (this repository's state-format page, 1,761 tokens: four
+    micro-batches), every query captured; without the model package, the tiny random-weight
     iSWA Gemma 3 of tests/data over 600 random tokens, and the titles say so."""
     import tempfile
 
