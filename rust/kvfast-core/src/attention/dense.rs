@@ -46,10 +46,11 @@ impl Shape {
     }
 }
 
-/// A layer ready to compute: its keys decoded, the columns chosen.
+/// A layer ready to compute: its keys decoded, its cells in a row, the columns chosen.
 pub struct Prepared<'a> {
     task: Task<'a>,
     keys: Keys<'a>,
+    cells: Cells,
     held: HashMap<i32, Vec<i32>>,
     /// The columns kept, as indices into a row of every stream's cells (stream then cell order).
     cols: Range<usize>,
@@ -88,38 +89,29 @@ pub fn prepare<'a>(
         _ => return Err(err(format!("model layer {ml} is in several caches"))),
     };
     let keys = req.keys(&task)?;
-    let mut starts = vec![0usize];
-    for s in &keys.streams {
-        starts.push(starts.last().copied().unwrap_or(0) + s.cell_count as usize);
-    }
-    let total = starts.last().copied().unwrap_or(0);
-    let Range { start: a, end: b } = cols.map_or(0..total, |(a, b)| span(a, b, total));
-    let (mut stream, mut cell, mut pos) = (vec![], vec![], vec![]);
-    for (si, s) in keys.streams.iter().enumerate() {
-        for c in 0..s.cell_count as usize {
-            let at = starts[si] + c;
-            if (a..b).contains(&at) {
-                stream.push(s.index);
-                cell.push(c as u32);
-                pos.push(s.pos[c]);
-            }
-        }
-    }
+    let cells = Cells::new(req, &keys.streams);
+    let total = cells.cols.len();
+    let cols = cols.map_or(0..total, |(a, b)| span(a, b, total));
+    let kept = &cells.cols[cols.clone()];
     let shape = Shape {
         cache: task.cache,
         layer: task.layer,
         model_layer: task.attn.model_layer,
         heads: task.heads.iter().map(|h| *h as u32).collect(),
         queries: req.queries.pos.len(),
-        stream,
-        cell,
-        pos,
+        stream: kept
+            .iter()
+            .map(|(si, _)| keys.streams[*si as usize].index)
+            .collect(),
+        cell: kept.iter().map(|(_, c)| *c).collect(),
+        pos: cells.pos[cols.clone()].to_vec(),
     };
     Ok(Prepared {
         held: positions(req.opened),
         task,
         keys,
-        cols: a..b,
+        cells,
+        cols,
         shape,
     })
 }
@@ -139,10 +131,9 @@ pub fn fill(req: &Request, p: &Prepared, out: &mut [f32]) -> Result<(), AttnErro
         return Ok(());
     }
     let t = &p.task;
-    let cells = Cells::new(req, &p.keys.streams);
-    let total = cells.cols.len();
+    let total = p.cells.cols.len();
     crate::parallel::install(|| {
-        let runs = seen::all(req, t, &cells, &p.held)?;
+        let runs = seen::all(req, t, &p.cells, &p.held)?;
         // per head (of the array's first axis), its rows
         let mut per_head: Vec<Option<&mut [f32]>> = out.chunks_mut(nq * nc).map(Some).collect();
         let mut kv = vec![];
