@@ -3,12 +3,14 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use kvfast_core::attention::dense;
 use kvfast_core::attention::params::LayerAttn;
 use kvfast_core::attention::pass::run_many;
 use kvfast_core::attention::request::{Block, Incomplete, Queries, Reduce, Request};
 use kvfast_core::model::geometry::Model;
+use kvfast_core::open::Opened;
 use kvfast_core::Kind;
 use pyo3::buffer::{Element, PyBuffer};
 use pyo3::prelude::*;
@@ -71,8 +73,21 @@ fn model_layers(
     Ok(attn)
 }
 
-fn blocks_of(blocks: Vec<(u32, usize, usize, usize)>) -> Vec<Block> {
-    blocks
+/// What a pass takes beside the query vectors: the state (a remote one's K rows fetched first),
+/// the model's attention layers (with the scales and sinks given) and each layer's block of a row.
+fn inputs(
+    py: Python<'_>,
+    state: &PyState,
+    model: &PathBuf,
+    scale: Option<HashMap<u32, f64>>,
+    sinks: Option<HashMap<u32, Vec<f64>>>,
+    blocks: Vec<(u32, usize, usize, usize)>,
+) -> Result<(Arc<Opened>, Vec<LayerAttn>, Vec<Block>)> {
+    let sf = state.get()?;
+    let sel = sf.selection(None, None, vec![Kind::K], None);
+    state.ready(py, &sf, &sel)?;
+    let attn = model_layers(py, model, scale, sinks)?;
+    let blocks = blocks
         .into_iter()
         .map(|(model_layer, offset, n_head, head_dim)| Block {
             model_layer,
@@ -80,7 +95,8 @@ fn blocks_of(blocks: Vec<(u32, usize, usize, usize)>) -> Vec<Block> {
             n_head,
             head_dim,
         })
-        .collect()
+        .collect();
+    Ok((sf, attn, blocks))
 }
 
 /// A C-contiguous buffer's items, borrowed for as long as the buffer is held.
@@ -136,11 +152,7 @@ pub fn attention(
         })
         .collect::<Result<Vec<_>>>()?;
     let incomplete = incomplete_of(incomplete)?;
-    let sf = state.get()?;
-    let sel = sf.selection(None, None, vec![Kind::K], None);
-    state.ready(py, &sf, &sel)?; // a remote state fetches its K rows first
-    let attn = model_layers(py, &model, scale, sinks)?;
-    let blocks = blocks_of(blocks);
+    let (sf, attn, blocks) = inputs(py, state, &model, scale, sinks, blocks)?;
     let (values, pos, seq) = (
         items(&values, "values")?,
         items(&pos, "pos")?,
@@ -191,11 +203,7 @@ pub fn attention_dense<'py>(
     cells: Option<(Option<i64>, Option<i64>)>,
 ) -> Result<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
     let incomplete = incomplete_of(incomplete)?;
-    let sf = state.get()?;
-    let sel = sf.selection(None, None, vec![Kind::K], None);
-    state.ready(py, &sf, &sel)?;
-    let attn = model_layers(py, &model, scale, sinks)?;
-    let blocks = blocks_of(blocks);
+    let (sf, attn, blocks) = inputs(py, state, &model, scale, sinks, blocks)?;
     let (values, pos, seq) = (
         items(&values, "values")?,
         items(&pos, "pos")?,
